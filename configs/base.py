@@ -1,0 +1,120 @@
+"""BERT-base (Devlin et al., 2019): L=12, d=768, 12 heads, d_ff=3072, T=128.
+
+Optimiser settings follow the BERT paper: Adam(W) with lr 1e-4, beta1 0.9,
+beta2 0.999, weight decay 0.01, 10k warm-up steps then linear decay over
+1M steps of 256 sequences.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  # Seed for parameter init, data order, masks and dropout.
+  config.seed = 0
+
+  # Text source, packing and the held-out split.
+  config.data = ml_collections.ConfigDict()
+  # Plain-text files: a path, a directory or a glob. Empty: the embedded
+  # default corpus (docstrings of the Python standard library).
+  config.data.corpus = ''
+  # How a text file is split into documents: 'blank_line' or 'file'.
+  config.data.document_split = 'blank_line'
+  # Where the tokenizer and packed rows are stored. Empty: a cache directory
+  # keyed by the corpus and the settings below (~/.cache/mlm_jax/...).
+  config.data.data_dir = ''
+  # Tokens per row, [CLS] and [SEP] included (T).
+  config.data.seq_len = 128
+  # Fraction of documents held out for evaluation.
+  config.data.val_fraction = 0.02
+  # Seed of the train/validation split of documents.
+  config.data.split_seed = 0
+
+  # Sentencepiece tokenizer trained on the corpus.
+  config.tokenizer = ml_collections.ConfigDict()
+  # Sentencepiece vocabulary size, special tokens included.
+  config.tokenizer.vocab_size = 32000
+  # Sentencepiece model type: 'unigram' or 'bpe'.
+  config.tokenizer.model_type = 'unigram'
+  # Fraction of characters the vocabulary must cover (rest: byte fallback).
+  config.tokenizer.character_coverage = 0.9995
+  # At most this many lines are sampled to train the tokenizer.
+  config.tokenizer.max_sentences = 2_000_000
+
+  # Dynamic masking (BERT 80/10/10 recipe).
+  config.masking = ml_collections.ConfigDict()
+  # Static number of masked slots per row (P); 20 for T=128, 80 for T=512.
+  config.masking.max_predictions = 20
+  # Fraction of maskable tokens selected per row (exact count per row).
+  config.masking.select_rate = 0.15
+  # Of the selected tokens: fraction replaced by [MASK].
+  config.masking.mask_prob = 0.8
+  # Of the selected tokens: fraction replaced by a random token (rest: kept).
+  config.masking.random_prob = 0.1
+  # Distribution of random replacements: 'unigram' (corpus counts) or 'uniform'.
+  config.masking.random_source = 'unigram'
+
+  # Encoder shape and numerics.
+  config.model = ml_collections.ConfigDict()
+  # Number of transformer blocks (L).
+  config.model.num_layers = 12
+  # Model width (d).
+  config.model.hidden_size = 768
+  # Attention heads; must divide hidden_size.
+  config.model.num_heads = 12
+  # MLP width (d_ff).
+  config.model.intermediate_size = 3072
+  # Size of the learned position table; must be >= data.seq_len.
+  config.model.max_position_embeddings = 512
+  # Segment (token type) vocabulary.
+  config.model.type_vocab_size = 2
+  # Dropout on embeddings, attention output and MLP output.
+  config.model.dropout_rate = 0.1
+  # Dropout on attention probabilities.
+  config.model.attention_dropout_rate = 0.1
+  # Std of the truncated-normal initialiser.
+  config.model.initializer_range = 0.02
+  # LayerNorm epsilon (1e-12 as in BERT).
+  config.model.layer_norm_eps = 1e-12
+  # Compute dtype: 'auto' (float32 on CPU, bfloat16 on GPU/TPU), 'float32'
+  # or 'bfloat16'. Parameters are always float32.
+  config.model.dtype = 'auto'
+
+  # Optimiser, schedule and loop cadence.
+  config.train = ml_collections.ConfigDict()
+  # Global batch size (rows per step, over all devices and hosts).
+  config.train.batch_size = 256
+  # Total optimiser steps.
+  config.train.num_steps = 1_000_000
+  # Peak learning rate.
+  config.train.learning_rate = 1e-4
+  # Steps of linear warm-up from 0 to the peak; then linear decay to 0.
+  config.train.warmup_steps = 10_000
+  # AdamW decoupled weight decay (not applied to biases and LayerNorm).
+  config.train.weight_decay = 0.01
+  # Adam beta1.
+  config.train.adam_b1 = 0.9
+  # Adam beta2.
+  config.train.adam_b2 = 0.999
+  # Adam epsilon.
+  config.train.adam_eps = 1e-6
+  # Clip gradients to this global norm (0 disables clipping).
+  config.train.grad_clip_norm = 1.0
+  # Log train metrics every this many steps.
+  config.train.log_every = 100
+  # Evaluate on the validation split every this many steps (and at the end).
+  config.train.eval_every = 10_000
+  # Save a checkpoint every this many steps (and at the end).
+  config.train.checkpoint_every = 10_000
+  # Number of most recent checkpoints kept.
+  config.train.keep_checkpoints = 3
+
+  # Held-out evaluation.
+  config.eval = ml_collections.ConfigDict()
+  # Rows per evaluation batch (global).
+  config.eval.batch_size = 256
+  # At most this many evaluation batches (0: the whole validation split).
+  config.eval.max_batches = 0
+  # Seed of the fixed evaluation masks.
+  config.eval.mask_seed = 1234
+  return config

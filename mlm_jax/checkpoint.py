@@ -1,0 +1,67 @@
+"""Checkpoints: the only module that imports orbax.
+
+`WORKDIR/checkpoints/<step>/` holds the train state and a small JSON record of
+what the parameters mean (model shapes, vocabulary), checked before restoring
+so that a checkpoint is never loaded into a model it does not fit.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class CheckpointMismatchError(ValueError):
+  """The checkpoint was written by a run with other model or vocab settings."""
+
+
+class Checkpointer:
+  """Saves every `every` steps (and when forced), keeping the last `keep`."""
+
+  def __init__(self, directory: str, *, every: int, keep: int):
+    self.directory = os.path.abspath(directory)
+    self._every = every
+    self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, enable_async_checkpointing=True, create=True))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def save(self, step: int, state: Any, meta: dict, *, force: bool = False) -> bool:
+    """Starts an asynchronous save if `step` is due (or forced); returns whether it did."""
+    if not (force or step % self._every == 0) or step in self._manager.all_steps():
+      return False
+    return self._manager.save(
+        step, force=True,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(_tree(state)),
+                                meta=ocp.args.JsonSave(meta)))
+
+  def restore(self, step: int, state: Any, meta: dict) -> Any:
+    """Restores onto the shardings of `state` (may be abstract) after checking meta."""
+    saved = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    saved_meta = saved['meta']
+    diff = {k: (saved_meta.get(k), v) for k, v in meta.items() if saved_meta.get(k) != v}
+    if diff:
+      details = '; '.join(f'{k}: checkpoint {a!r}, config {b!r}' for k, (a, b) in diff.items())
+      raise CheckpointMismatchError(
+          f'checkpoint {self.directory}/{step} does not fit this config ({details}). '
+          'Use the config the run was started with, or a new --workdir.')
+    target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _tree(state))
+    restored = self._manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))['state']
+    return state.replace(**restored)
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.close()
+
+
+def _tree(state: Any) -> dict:
+  return {'step': state.step, 'params': state.params, 'opt_state': state.opt_state}

@@ -1,0 +1,86 @@
+"""Config checks that run before anything expensive, and derived values."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from mlm_jax import corpus as corpus_lib
+
+
+class ConfigError(ValueError):
+  """A config value is invalid; the message names the field and the fix."""
+
+
+def _check(ok: bool, message: str) -> None:
+  if not ok:
+    raise ConfigError(message)
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+  """Raises ConfigError for the first invalid field."""
+  d, tok, m, mdl, tr, ev = (config.data, config.tokenizer, config.masking, config.model,
+                            config.train, config.eval)
+  _check(d.seq_len >= 4, f'config.data.seq_len={d.seq_len} must be at least 4.')
+  _check(d.seq_len <= mdl.max_position_embeddings,
+         f'config.data.seq_len={d.seq_len} exceeds config.model.max_position_embeddings='
+         f'{mdl.max_position_embeddings}; raise the latter or shorten the rows.')
+  _check(d.document_split in ('blank_line', 'file'),
+         f"config.data.document_split={d.document_split!r}: use 'blank_line' or 'file'.")
+  _check(0.0 < d.val_fraction < 1.0,
+         f'config.data.val_fraction={d.val_fraction} must be in (0, 1).')
+  _check(tok.vocab_size >= 300,
+         f'config.tokenizer.vocab_size={tok.vocab_size} is too small: it must hold the '
+         '5 special tokens and 256 byte-fallback pieces; use at least 300.')
+  _check(tok.model_type in ('unigram', 'bpe'),
+         f"config.tokenizer.model_type={tok.model_type!r}: use 'unigram' or 'bpe'.")
+  _check(tok.max_sentences > 0, 'config.tokenizer.max_sentences must be positive.')
+  _check(0 < m.max_predictions <= d.seq_len - 2,
+         f'config.masking.max_predictions={m.max_predictions} (P) must be in '
+         f'[1, config.data.seq_len - 2 = {d.seq_len - 2}].')
+  _check(0.0 < m.select_rate <= 1.0,
+         f'config.masking.select_rate={m.select_rate} must be in (0, 1].')
+  for name in ('mask_prob', 'random_prob'):
+    _check(0.0 <= m[name] <= 1.0, f'config.masking.{name}={m[name]} must be in [0, 1].')
+  _check(m.mask_prob + m.random_prob <= 1.0 + 1e-9,
+         f'config.masking.mask_prob + random_prob = {m.mask_prob + m.random_prob} '
+         'exceeds 1; the rest is the fraction kept unchanged.')
+  _check(m.random_source in ('unigram', 'uniform'),
+         f"config.masking.random_source={m.random_source!r}: use 'unigram' or 'uniform'.")
+  for name in ('num_layers', 'hidden_size', 'num_heads', 'intermediate_size'):
+    _check(mdl[name] > 0, f'config.model.{name}={mdl[name]} must be positive.')
+  _check(mdl.hidden_size % mdl.num_heads == 0,
+         f'config.model.hidden_size={mdl.hidden_size} is not divisible by '
+         f'config.model.num_heads={mdl.num_heads}.')
+  _check(mdl.type_vocab_size >= 1, 'config.model.type_vocab_size must be at least 1.')
+  for name in ('dropout_rate', 'attention_dropout_rate'):
+    _check(0.0 <= mdl[name] < 1.0, f'config.model.{name}={mdl[name]} must be in [0, 1).')
+  _check(mdl.dtype in ('auto', 'float32', 'bfloat16'),
+         f"config.model.dtype={mdl.dtype!r}: use 'auto', 'float32' or 'bfloat16'.")
+  for name in ('batch_size', 'num_steps', 'log_every', 'eval_every', 'checkpoint_every',
+               'keep_checkpoints'):
+    _check(tr[name] > 0, f'config.train.{name}={tr[name]} must be positive.')
+  _check(tr.learning_rate > 0, f'config.train.learning_rate={tr.learning_rate} must be positive.')
+  # warmup_steps > num_steps is allowed: a short trial run of a long config.
+  _check(tr.warmup_steps >= 0, f'config.train.warmup_steps={tr.warmup_steps} must be >= 0.')
+  _check(tr.weight_decay >= 0, 'config.train.weight_decay must be >= 0.')
+  _check(tr.grad_clip_norm >= 0, 'config.train.grad_clip_norm must be >= 0 (0 disables).')
+  _check(ev.batch_size > 0, f'config.eval.batch_size={ev.batch_size} must be positive.')
+  _check(ev.max_batches >= 0, 'config.eval.max_batches must be >= 0 (0: whole split).')
+  if num_devices is not None:
+    for field, value in (('train.batch_size', tr.batch_size), ('eval.batch_size', ev.batch_size)):
+      _check(value % num_devices == 0,
+             f'config.{field}={value} is not divisible by the {num_devices} devices; '
+             f'use a multiple of {num_devices}.')
+  if config.data.corpus:
+    try:
+      corpus_lib.resolve_files(config.data.corpus)
+    except corpus_lib.CorpusError as e:
+      raise ConfigError(str(e)) from None
+
+
+def compute_dtype(name: str):
+  if name == 'auto':
+    return jnp.float32 if jax.default_backend() == 'cpu' else jnp.bfloat16
+  return jnp.dtype(name)

@@ -1,0 +1,322 @@
+"""The training loop: build, resume, step, log, evaluate, save.
+
+`train_and_evaluate(config, workdir)` reads top to bottom like the data flow:
+config -> mesh -> data -> model -> state -> checkpoint -> steps -> loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
+
+from mlm_jax import checkpoint as ckpt_lib
+from mlm_jax import config_lib
+from mlm_jax import input_pipeline
+from mlm_jax import masking
+from mlm_jax import model as model_lib
+from mlm_jax import prepare as prepare_lib
+from mlm_jax import sharding
+from mlm_jax import tokenizer as tok_lib
+from mlm_jax import train_step as step_lib
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains until config.train.num_steps (resuming from workdir) and returns a summary."""
+  # ---------------------------------------------------------------- config
+  mesh = sharding.make_mesh()
+  config_lib.validate(config, num_devices=mesh.size)
+  is_main = jax.process_index() == 0
+  workdir = os.path.abspath(workdir)
+  os.makedirs(workdir, exist_ok=True)
+
+  # ------------------------------------------------------------------ data
+  data = _prepare_data(config)
+  tokenizer = data.tokenizer
+  masker = masking.make_masker(config.masking, tokenizer.vocab_size, data.unigram_counts)
+  if is_main:
+    shutil.copyfile(tokenizer.model_path, os.path.join(workdir, 'tokenizer.model'))
+    _write_config(workdir, config, data)
+  logging.info('Data: %s (%d train rows, %d validation rows)', data.data_dir,
+               data.stats['train']['rows'], data.stats['validation']['rows'])
+
+  # ----------------------------------------------------------------- model
+  model_cfg = model_lib.ModelConfig.from_config(
+      config.model, tokenizer.vocab_size, tok_lib.padded_vocab_size(tokenizer.vocab_size),
+      config_lib.compute_dtype(config.model.dtype))
+  model = model_lib.BertForMLM(model_cfg)
+  schedule = step_lib.learning_rate_schedule(config.train)
+  tx = step_lib.make_optimizer(config.train)
+
+  # ----------------------------------------------------------------- state
+  # Initialised under jit straight into its (replicated) sharding.
+  root_rng = jax.random.key(config.seed)
+  init_rng, dropout_rng = jax.random.split(root_rng)
+  example = _example_batch(config.data.seq_len, config.masking.max_predictions)
+  state = jax.jit(lambda rng: step_lib.create_state(model, tx, rng, example),
+                  out_shardings=sharding.replicated(mesh))(init_rng)
+  num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
+  logging.info('Model: %s parameters, compute dtype %s', f'{num_params:,}',
+               jnp.dtype(model_cfg.dtype).name)
+
+  # ------------------------------------------------------------ checkpoint
+  checkpointer = ckpt_lib.Checkpointer(
+      os.path.join(workdir, 'checkpoints'), every=config.train.checkpoint_every,
+      keep=config.train.keep_checkpoints)
+  meta = _checkpoint_meta(model_cfg)
+  start_step = checkpointer.latest_step() or 0
+  if start_step:
+    state = checkpointer.restore(start_step, state, meta)
+    logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
+
+  # ----------------------------------------------------------------- steps
+  repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+  train_step = jax.jit(step_lib.make_train_step(schedule),
+                       in_shardings=(repl, batch_sh, repl), out_shardings=(repl, repl),
+                       donate_argnums=0)
+  eval_step = jax.jit(step_lib.eval_step, in_shardings=(repl, batch_sh), out_shardings=repl)
+
+  def evaluate(state) -> dict[str, float]:
+    return _evaluate(eval_step, state, data, masker, config, mesh)
+
+  # ------------------------------------------------------------------ loop
+  num_steps = config.train.num_steps
+  writer = _MetricsWriter(workdir, enabled=is_main)
+  batches = input_pipeline.train_batches(
+      data.source('train'), masker, global_batch=config.train.batch_size, seed=config.seed,
+      start_step=start_step, process_index=jax.process_index(),
+      process_count=jax.process_count())
+  stop = _StopRequest()
+  progress = _progress_bar(start_step, num_steps, enabled=is_main)
+  pending: list[dict[str, jax.Array]] = []
+  untimed = 0  # Steps at the head of `pending` whose time is not in the interval.
+  last_eval: dict[str, float] = {}
+  step = start_step
+  interval_start = time.perf_counter()
+  run_start = time.perf_counter()
+  if start_step >= num_steps:
+    logging.info('Already trained to step %d (config.train.num_steps=%d).', start_step, num_steps)
+  with stop:
+    while step < num_steps:
+      batch = sharding.to_global(next(batches), mesh)
+      state, metrics = train_step(state, batch, dropout_rng)
+      step += 1
+      pending.append(metrics)
+      if step == start_step + 1:
+        # The first step compiles: time it alone and keep it out of tokens/s.
+        jax.block_until_ready(metrics)
+        logging.info('First step (compile included) took %.1fs', time.perf_counter() - interval_start)
+        interval_start = time.perf_counter()
+        untimed = 1
+      progress.update(1)
+
+      if step % config.train.log_every == 0 or step == num_steps:
+        record = _summarise(jax.device_get(pending), untimed, time.perf_counter() - interval_start)
+        untimed = 0
+        if not math.isfinite(record['loss']):
+          raise FloatingPointError(
+              f'loss is {record["loss"]} at step {step}; stopping. The last good checkpoint '
+              f'is kept in {checkpointer.directory}. Try a lower config.train.learning_rate.')
+        writer.write(step, record)
+        progress.set_postfix(loss=f'{record["loss"]:.3f}', acc=f'{record["mlm_accuracy"]:.3f}')
+        pending.clear()
+        interval_start = time.perf_counter()
+
+      if step % config.train.eval_every == 0 or step == num_steps:
+        last_eval = evaluate(state)
+        writer.write(step, {f'eval_{k}': v for k, v in last_eval.items()})
+        interval_start = time.perf_counter()
+
+      checkpointer.save(step, state, meta, force=step == num_steps or stop.requested)
+      if stop.requested:
+        logging.warning('Stopped by %s at step %d; checkpoint saved. Run the same command '
+                        'to resume.', stop.signal_name, step)
+        break
+    checkpointer.wait()
+  checkpointer.close()
+  progress.close()
+
+  summary = {'step': step, 'wall_time_s': time.perf_counter() - run_start, **last_eval}
+  if last_eval and is_main:
+    ratio = last_eval['mlm_accuracy'] / max(last_eval['baseline_accuracy'], 1e-9)
+    print(f'step {step}: eval MLM accuracy {last_eval["mlm_accuracy"]:.4f}, '
+          f'eval loss {last_eval["loss"]:.4f}; always predicting the most frequent token '
+          f'{last_eval["baseline_token"]!r} scores {last_eval["baseline_accuracy"]:.4f} '
+          f'({ratio:.1f}x)', flush=True)
+  return summary
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _prepare_data(config: ml_collections.ConfigDict) -> prepare_lib.PreparedData:
+  """Process 0 prepares (if needed); the others wait, then load the same files."""
+  if jax.process_count() == 1:
+    return prepare_lib.prepare(config)
+  if jax.process_index() == 0:
+    prepare_lib.prepare(config)
+  multihost_utils.sync_global_devices('mlm_jax:prepare')
+  return prepare_lib.prepare(config)
+
+
+def _example_batch(seq_len: int, max_predictions: int) -> dict[str, jax.Array]:
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+  slots = jnp.zeros((1, max_predictions), jnp.int32)
+  return {'input_ids': ids, 'attention_mask': ids + 1, 'segment_ids': ids,
+          'masked_positions': slots, 'masked_ids': slots,
+          'masked_weights': jnp.zeros((1, max_predictions), jnp.float32)}
+
+
+def _checkpoint_meta(cfg: model_lib.ModelConfig) -> dict:
+  """What a checkpoint's parameters must agree with to be restored."""
+  return {'vocab_size': cfg.vocab_size, 'padded_vocab_size': cfg.padded_vocab_size,
+          'num_layers': cfg.num_layers, 'hidden_size': cfg.hidden_size,
+          'num_heads': cfg.num_heads, 'intermediate_size': cfg.intermediate_size,
+          'max_position_embeddings': cfg.max_position_embeddings,
+          'type_vocab_size': cfg.type_vocab_size}
+
+
+def _write_config(workdir: str, config: ml_collections.ConfigDict,
+                  data: prepare_lib.PreparedData) -> None:
+  resolved = config.to_dict()
+  resolved['resolved'] = {'data_dir': data.data_dir, 'vocab_size': data.tokenizer.vocab_size,
+                          'padded_vocab_size': tok_lib.padded_vocab_size(data.tokenizer.vocab_size),
+                          'num_devices': jax.device_count(), 'num_processes': jax.process_count(),
+                          'backend': jax.default_backend()}
+  tmp = os.path.join(workdir, 'config.json.tmp')
+  with open(tmp, 'w') as f:
+    json.dump(resolved, f, indent=2, default=str)
+  os.replace(tmp, os.path.join(workdir, 'config.json'))
+
+
+def _summarise(metrics: list[dict[str, np.ndarray]], untimed: int,
+               seconds: float) -> dict[str, float]:
+  """Means over a log interval; loss and accuracy weighted by masked tokens.
+
+  The first `untimed` steps count for the loss but not for speed (their time
+  is not in `seconds`); an interval with no timed step reports no speed.
+  """
+  masked = np.array([m['num_masked'] for m in metrics], np.float64)
+  weights = masked / max(masked.sum(), 1.0)
+  record = {
+      'loss': float(sum(w * m['loss'] for w, m in zip(weights, metrics))),
+      'mlm_accuracy': float(sum(w * m['mlm_accuracy'] for w, m in zip(weights, metrics))),
+      'learning_rate': float(metrics[-1]['learning_rate']),
+      'grad_norm': float(np.mean([m['grad_norm'] for m in metrics])),
+  }
+  timed = metrics[untimed:]
+  if timed:
+    record['tokens_per_sec'] = float(sum(m['num_tokens'] for m in timed)) / seconds
+    record['step_time_s'] = seconds / len(timed)
+  return record
+
+
+def _evaluate(eval_step, state, data: prepare_lib.PreparedData, masker: masking.Masker,
+              config: ml_collections.ConfigDict, mesh) -> dict[str, float]:
+  """Loss and MLM accuracy on the validation split with fixed masks.
+
+  Also scores the trivial baseline that always predicts the train split's most
+  frequent normal token, on the same masked slots.
+  """
+  counts = data.unigram_counts.astype(np.float64).copy()
+  counts[list(tok_lib.SPECIAL_IDS)] = 0
+  top_token = int(np.argmax(counts))
+  totals = {'loss_sum': 0.0, 'correct_sum': 0.0, 'weight_sum': 0.0}
+  baseline_local = np.zeros(2)  # [hits, masked] on this process's rows
+  for host_batch in input_pipeline.eval_batches(
+      data.source('validation'), masker, global_batch=config.eval.batch_size,
+      mask_seed=config.eval.mask_seed, max_batches=config.eval.max_batches,
+      process_index=jax.process_index(), process_count=jax.process_count()):
+    w = host_batch['masked_weights']
+    baseline_local += [np.sum(w * (host_batch['masked_ids'] == top_token)), np.sum(w)]
+    sums = jax.device_get(eval_step(state, sharding.to_global(host_batch, mesh)))
+    for k in totals:
+      totals[k] += float(sums[k])
+  if jax.process_count() > 1:
+    baseline_local = np.sum(multihost_utils.process_allgather(baseline_local), axis=0)
+  denom = max(totals['weight_sum'], 1.0)
+  return {'loss': totals['loss_sum'] / denom, 'mlm_accuracy': totals['correct_sum'] / denom,
+          'num_masked': totals['weight_sum'],
+          'baseline_accuracy': float(baseline_local[0] / max(baseline_local[1], 1.0)),
+          'baseline_token': data.tokenizer.id_to_piece(top_token)}
+
+
+class _MetricsWriter:
+  """Appends one JSON line per record to WORKDIR/metrics.jsonl and logs it."""
+
+  def __init__(self, workdir: str, enabled: bool):
+    self._path = os.path.join(workdir, 'metrics.jsonl')
+    self._enabled = enabled
+
+  def write(self, step: int, record: dict[str, Any]) -> None:
+    if not self._enabled:
+      return
+    record = {'step': step, **record, 'time': time.time()}
+    logging.info('step %d: %s', step, ', '.join(
+        f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}'
+        for k, v in record.items() if k not in ('step', 'time')))
+    with open(self._path, 'a') as f:
+      f.write(json.dumps(record) + '\n')
+
+
+class _StopRequest:
+  """Turns the first SIGINT/SIGTERM into a request to checkpoint and stop.
+
+  A second signal interrupts at once (the last complete checkpoint remains).
+  """
+
+  def __init__(self):
+    self.requested = False
+    self.signal_name = ''
+    self._previous: dict[int, Any] = {}
+
+  def _handle(self, signum, frame):
+    if self.requested:
+      raise KeyboardInterrupt
+    self.requested = True
+    self.signal_name = signal.Signals(signum).name
+    logging.warning('%s received: saving a checkpoint after this step (send again to abort).',
+                    self.signal_name)
+
+  def __enter__(self):
+    if threading.current_thread() is not threading.main_thread():
+      return self  # Signals are delivered to the main thread only.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+      self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    return False
+
+
+class _NoProgress:
+  def update(self, n):
+    pass
+
+  def set_postfix(self, **kw):
+    pass
+
+  def close(self):
+    pass
+
+
+def _progress_bar(start: int, total: int, enabled: bool):
+  if not (enabled and sys.stderr.isatty()):
+    return _NoProgress()
+  from tqdm import tqdm
+  return tqdm(total=total, initial=start, unit='step', dynamic_ncols=True)

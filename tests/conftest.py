@@ -1,0 +1,61 @@
+"""Test set-up: 8 fake CPU devices (set before jax is imported) and small fixtures."""
+
+import os
+
+os.environ['XLA_FLAGS'] = ' '.join(
+    [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']).strip()
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+from mlm_jax import corpus  # noqa: E402
+
+
+def write_corpus(directory: pathlib.Path, num_files: int = 4, docs_per_file: int = 250) -> str:
+  """Real English prose (stdlib docstrings) as blank-line separated .txt files."""
+  docs = corpus.stdlib_docstrings()
+  directory.mkdir(parents=True, exist_ok=True)
+  for i in range(num_files):
+    chunk = [next(docs) for _ in range(docs_per_file)]
+    (directory / f'part{i}.txt').write_text('\n\n'.join(chunk) + '\n')
+  return str(directory / '*.txt')
+
+
+@pytest.fixture(scope='session')
+def corpus_glob(tmp_path_factory) -> str:
+  return write_corpus(tmp_path_factory.mktemp('corpus'))
+
+
+def micro_config(corpus_glob: str, data_dir: str):
+  """A model small enough to compile and step in seconds on a CPU."""
+  from configs import tiny
+  config = tiny.get_config()
+  config.data.corpus = corpus_glob
+  config.data.data_dir = data_dir
+  config.data.seq_len = 32
+  config.data.val_fraction = 0.1
+  config.tokenizer.vocab_size = 600
+  config.masking.max_predictions = 6
+  config.model.num_layers = 2
+  config.model.hidden_size = 32
+  config.model.num_heads = 2
+  config.model.intermediate_size = 64
+  config.model.max_position_embeddings = 32
+  config.train.batch_size = 16
+  config.train.num_steps = 8
+  config.train.warmup_steps = 3
+  config.train.log_every = 2
+  config.train.eval_every = 4
+  config.train.checkpoint_every = 4
+  config.eval.batch_size = 16
+  config.eval.max_batches = 2
+  return config
+
+
+@pytest.fixture(scope='session')
+def prepared(corpus_glob, tmp_path_factory):
+  from mlm_jax import prepare
+  config = micro_config(corpus_glob, str(tmp_path_factory.mktemp('data') / 'micro'))
+  return config, prepare.prepare(config)

@@ -1,0 +1,64 @@
+"""Configs validate, every field is documented, and bad values fail early by name."""
+
+import ast
+import pathlib
+
+import pytest
+
+from configs import base, large, tiny
+from mlm_jax import config_lib
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / 'configs'
+
+
+@pytest.mark.parametrize('module', [base, large, tiny])
+def test_shipped_configs_are_valid(module):
+  config_lib.validate(module.get_config(), num_devices=8)
+
+
+def test_base_and_large_shapes():
+  b, l = base.get_config(), large.get_config()
+  assert (b.model.num_layers, b.model.hidden_size, b.model.num_heads,
+          b.model.intermediate_size) == (12, 768, 12, 3072)
+  assert (b.data.seq_len, b.masking.max_predictions, b.train.batch_size) == (128, 20, 256)
+  assert (l.model.num_layers, l.model.hidden_size, l.model.num_heads,
+          l.model.intermediate_size) == (24, 1024, 16, 4096)
+
+
+@pytest.mark.parametrize('path', sorted(CONFIG_DIR.glob('*.py')), ids=lambda p: p.name)
+def test_every_config_field_has_a_comment(path):
+  lines = path.read_text().splitlines()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute):
+      previous = lines[node.lineno - 2].strip()
+      assert previous.startswith('#'), f'{path.name}:{node.lineno} has no comment above it'
+
+
+@pytest.mark.parametrize('field,value,words', [
+    ('model.num_heads', 5, 'config.model.hidden_size=768 is not divisible by config.model.num_heads=5'),
+    ('masking.max_predictions', 200, 'config.masking.max_predictions=200'),
+    ('data.seq_len', 1024, 'config.data.seq_len=1024 exceeds config.model.max_position_embeddings'),
+    ('masking.random_source', 'zipf', "config.masking.random_source='zipf'"),
+    ('masking.mask_prob', 0.95, 'mask_prob + random_prob'),
+    ('model.dtype', 'float16', "config.model.dtype='float16'"),
+    ('train.num_steps', 0, 'config.train.num_steps=0'),
+    ('data.val_fraction', 0.0, 'config.data.val_fraction=0.0'),
+    ('tokenizer.vocab_size', 100, 'config.tokenizer.vocab_size=100'),
+    ('data.corpus', '/no/such/dir/*.txt', 'config.data.corpus'),
+    ('data.corpus', '/no/such/file.txt', 'no such file'),
+])
+def test_invalid_values_name_the_field(field, value, words):
+  config = base.get_config()
+  section, name = field.split('.')
+  config[section][name] = value
+  with pytest.raises(config_lib.ConfigError) as err:
+    config_lib.validate(config, num_devices=8)
+  assert words in str(err.value)
+
+
+def test_batch_must_divide_over_devices():
+  config = base.get_config()
+  config.train.batch_size = 12
+  with pytest.raises(config_lib.ConfigError, match=r'config.train.batch_size=12 is not divisible by the 8 devices'):
+    config_lib.validate(config, num_devices=8)
+  config_lib.validate(config, num_devices=4)

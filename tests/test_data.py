@@ -1,0 +1,167 @@
+"""Corpus, tokenizer, prepare and the input pipeline."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mlm_jax import corpus
+from mlm_jax import input_pipeline
+from mlm_jax import masking
+from mlm_jax import prepare
+from mlm_jax import tokenizer as tok
+from tests.conftest import micro_config
+
+
+def test_default_corpus_is_stdlib_docstrings_read_without_importing():
+  code = ('import sys; before = set(sys.modules); from mlm_jax import corpus; '
+          'docs = list(corpus.stdlib_docstrings()); '
+          'new = set(sys.modules) - before; '
+          'print(len(docs), sum(map(len, docs)), '
+          "any(m in new for m in ('antigravity', 'this', 'tkinter', 'turtle', 'smtplib')))")
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                       check=True).stdout.split()
+  num_docs, num_chars, imported = int(out[0]), int(out[1]), out[2]
+  assert num_docs > 5000
+  assert num_chars > 1_000_000
+  assert imported == 'False'
+
+
+def test_user_files_split_into_documents(tmp_path):
+  (tmp_path / 'a.txt').write_text('First doc\nline two.\n\n  \nSecond doc.\r\n\r\nThird.')
+  (tmp_path / 'b.txt').write_text('Only doc.')
+  docs = list(corpus.documents(str(tmp_path / '*.txt')))
+  assert docs == ['First doc\nline two.', 'Second doc.', 'Third.', 'Only doc.']
+  docs = list(corpus.documents(str(tmp_path), document_split='file'))
+  assert len(docs) == 2
+  with pytest.raises(corpus.CorpusError, match='no such file'):
+    list(corpus.documents(str(tmp_path / 'missing.txt')))
+  with pytest.raises(corpus.CorpusError, match='matches no files'):
+    list(corpus.documents(str(tmp_path / '*.jsonl')))
+
+
+def test_tokenizer_special_ids_and_padded_vocab(prepared):
+  _, data = prepared
+  t = data.tokenizer
+  assert [t.id_to_piece(i) for i in tok.SPECIAL_IDS] == list(tok.SPECIAL_TOKENS)
+  assert t.encode(['a [MASK] b'])[0].count(tok.MASK_ID) == 1
+  assert tok.padded_vocab_size(600) == 640 and tok.padded_vocab_size(640) == 640
+  assert tok.sanitize('x [MASK] y [CLS]') == 'x MASK y CLS'
+
+
+def test_rows_are_packed_full_sentences(prepared):
+  config, data = prepared
+  T = config.data.seq_len
+  for split in ('train', 'validation'):
+    source = data.source(split)
+    rows = np.stack([source[i]['input_ids'] for i in range(len(source))])
+    assert rows.shape == (data.stats[split]['rows'], T)
+    assert np.all(rows[:, 0] == tok.CLS_ID)
+    is_pad = rows == tok.PAD_ID
+    # Only one row per split has padding, and its padding is a suffix.
+    assert is_pad.any(axis=1).sum() <= 1
+    last_real = T - 1 - np.argmax(~is_pad[:, ::-1], axis=1)
+    assert np.all(rows[np.arange(len(rows)), last_real] == tok.SEP_ID)
+    assert is_pad.mean() < 0.01
+    # Content = every document's tokens plus one [SEP] between documents.
+    content = (~np.isin(rows, (tok.PAD_ID, tok.CLS_ID))).sum() - len(rows)
+    stats = data.stats[split]
+    assert content == stats['tokens'] + stats['documents'] - 1
+  assert data.unigram_counts.sum() == data.stats['train']['tokens']
+  assert data.stats['validation']['documents'] > 0
+
+
+def test_prepare_is_reused_and_guards_other_data(prepared, tmp_path):
+  config, data = prepared
+  model_file = os.path.join(data.data_dir, 'tokenizer.model')
+  mtime = os.stat(model_file).st_mtime_ns
+  again = prepare.prepare(config)
+  assert again.data_dir == data.data_dir
+  assert os.stat(model_file).st_mtime_ns == mtime  # Not retrained.
+  # Same data dir, other settings: refused, nothing touched.
+  other = micro_config(config.data.corpus, data.data_dir)
+  other.tokenizer.vocab_size = 700
+  with pytest.raises(prepare.DataDirError, match='tokenizer'):
+    prepare.prepare(other)
+  assert os.stat(model_file).st_mtime_ns == mtime
+  # A non-empty directory that is not ours: refused, its files kept.
+  foreign = tmp_path / 'mine'
+  foreign.mkdir()
+  (foreign / 'notes.txt').write_text('keep me')
+  with pytest.raises(prepare.DataDirError, match='not empty'):
+    prepare.prepare(micro_config(config.data.corpus, str(foreign)))
+  assert (foreign / 'notes.txt').read_text() == 'keep me'
+
+
+def test_empty_corpus_is_a_clear_error_and_leaves_no_partial_dir(tmp_path):
+  (tmp_path / 'empty.txt').write_text('\n\n   \n')
+  data_dir = tmp_path / 'data'
+  config = micro_config(str(tmp_path / 'empty.txt'), str(data_dir))
+  with pytest.raises((corpus.CorpusError, RuntimeError), match='no usable text|empty|Vocabulary'):
+    prepare.prepare(config)
+  assert not data_dir.exists()
+  assert not [p for p in os.listdir(tmp_path) if 'partial' in p]
+
+
+def test_validation_documents_never_appear_in_train(corpus_glob):
+  docs = list(corpus.documents(corpus_glob))
+  val = [d for d in docs if prepare._is_validation(tok.sanitize(d), 0.1, 0)]
+  assert 0 < len(val) < len(docs) / 4
+  assert not set(val) & {d for d in docs if not prepare._is_validation(tok.sanitize(d), 0.1, 0)}
+
+
+def _take(it, n):
+  return [next(it) for _ in range(n)]
+
+
+def test_pipeline_same_global_batch_for_any_process_count(prepared):
+  config, data = prepared
+  source = data.source('train')
+  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  kwargs = dict(global_batch=8, seed=3)
+  single = _take(input_pipeline.train_batches(source, m, **kwargs), 5)
+  again = _take(input_pipeline.train_batches(source, m, **kwargs), 5)
+  parts = [_take(input_pipeline.train_batches(source, m, process_index=p, process_count=2,
+                                              **kwargs), 5) for p in range(2)]
+  resumed = _take(input_pipeline.train_batches(source, m, start_step=3, **kwargs), 2)
+  for s in range(5):
+    for key in single[s]:
+      np.testing.assert_array_equal(single[s][key], again[s][key])
+      np.testing.assert_array_equal(single[s][key],
+                                    np.concatenate([parts[0][s][key], parts[1][s][key]]))
+  for key in single[3]:
+    np.testing.assert_array_equal(single[3][key], resumed[0][key])
+    np.testing.assert_array_equal(single[4][key], resumed[1][key])
+  other_seed = _take(input_pipeline.train_batches(source, m, global_batch=8, seed=4), 1)
+  assert not np.array_equal(single[0]['input_ids'], other_seed[0]['input_ids'])
+
+
+def test_pipeline_covers_an_epoch_then_reshuffles(prepared):
+  config, data = prepared
+  source = data.source('train')
+  n = len(source)
+  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  m = masking.Masker(1, 1e-9, 0.0, 0.0, m.replacement_probs)  # Masks 1 token, keeps it.
+  it = input_pipeline.train_batches(source, m, global_batch=1, seed=0)
+  epoch1 = [next(it)['input_ids'][0].tobytes() for _ in range(n)]
+  epoch2 = [next(it)['input_ids'][0].tobytes() for _ in range(n)]
+  all_rows = [source[i]['input_ids'].tobytes() for i in range(n)]
+  assert sorted(epoch1) == sorted(all_rows) == sorted(epoch2)
+  assert epoch1 != epoch2
+
+
+def test_eval_batches_pad_with_weightless_rows(prepared):
+  config, data = prepared
+  source = data.source('validation')
+  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  batches = list(input_pipeline.eval_batches(source, m, global_batch=8, mask_seed=1))
+  assert len(batches) == -(-len(source) // 8)
+  total_rows = sum(int((b['attention_mask'].sum(axis=1) > 0).sum()) for b in batches)
+  assert total_rows == len(source)
+  again = list(input_pipeline.eval_batches(source, m, global_batch=8, mask_seed=1))
+  for a, b in zip(batches, again):
+    np.testing.assert_array_equal(a['masked_positions'], b['masked_positions'])
+  assert json.loads(json.dumps(data.stats))  # Serialisable report.

@@ -1,0 +1,161 @@
+"""Masking: the BERT recipe's statistics, exact counts, special tokens, determinism."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from mlm_jax import masking
+from mlm_jax import tokenizer as tok
+
+V, T, P = 2000, 128, 20
+
+
+def _rows(n: int, seed: int = 0, vocab_lo: int = 5, vocab_hi: int = V) -> np.ndarray:
+  """Packed-looking rows: [CLS] ... [SEP] ... [SEP], some with [PAD] tails."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(vocab_lo, vocab_hi, (n, T)).astype(np.int32)
+  ids[:, 0] = tok.CLS_ID
+  ids[:, -1] = tok.SEP_ID
+  ids[np.arange(n), rng.integers(1, T - 1, n)] = tok.SEP_ID  # A document boundary.
+  pad_from = rng.integers(T // 2, T + 1, n)
+  ids[np.arange(T)[None, :] >= pad_from[:, None]] = tok.PAD_ID
+  has_pad = pad_from < T
+  ids[has_pad, pad_from[has_pad] - 1] = tok.SEP_ID
+  return ids
+
+
+def _masker(counts=None, source='unigram', mask_prob=0.8, random_prob=0.1, rate=0.15, p=P):
+  if counts is None:
+    counts = np.arange(V, dtype=np.int64)
+  return masking.Masker(p, rate, mask_prob, random_prob,
+                        masking.replacement_distribution(source, V, counts))
+
+
+def _selected(batch):
+  """(row, position) index arrays of the valid masked slots."""
+  r, s = np.nonzero(batch['masked_weights'])
+  return r, batch['masked_positions'][r, s], s
+
+
+def test_rates_match_bert_recipe_on_500k_tokens():
+  # Originals come from ids >= 1000 and replacements only from ids < 1000, so
+  # every random replacement is visible as such.
+  ids = _rows(4000, vocab_lo=1000)
+  counts = np.zeros(V, np.int64)
+  counts[5:1000] = 1
+  batch = _masker(counts)(ids, seed=0, step=0, rows=np.arange(len(ids)))
+  maskable = ~np.isin(ids, (tok.PAD_ID, tok.CLS_ID, tok.SEP_ID))
+  assert maskable.sum() >= 100_000
+  r, pos, _ = _selected(batch)
+  assert abs(len(r) / maskable.sum() - 0.15) < 0.01
+  new = batch['input_ids'][r, pos]
+  orig = ids[r, pos]
+  frac_mask = np.mean(new == tok.MASK_ID)
+  frac_random = np.mean((new != tok.MASK_ID) & (new != orig))
+  frac_keep = np.mean(new == orig)
+  assert abs(frac_mask - 0.8) < 0.01, frac_mask
+  assert abs(frac_random - 0.1) < 0.01, frac_random
+  assert abs(frac_keep - 0.1) < 0.01, frac_keep
+  # Nothing outside the selected positions changes.
+  changed = batch['input_ids'] != ids
+  selected = np.zeros_like(changed)
+  selected[r, pos] = True
+  assert not np.any(changed & ~selected)
+
+
+@pytest.mark.parametrize('rate,mask_prob,random_prob', [(0.3, 0.8, 0.1), (0.15, 0.5, 0.25)])
+def test_configured_rates_are_followed(rate, mask_prob, random_prob):
+  ids = _rows(3000, vocab_lo=1000)
+  counts = np.zeros(V, np.int64)
+  counts[5:1000] = 1
+  m = _masker(counts, rate=rate, mask_prob=mask_prob, random_prob=random_prob, p=60)
+  batch = m(ids, seed=3, step=7, rows=np.arange(len(ids)))
+  r, pos, _ = _selected(batch)
+  maskable = ~np.isin(ids, (tok.PAD_ID, tok.CLS_ID, tok.SEP_ID))
+  assert abs(len(r) / maskable.sum() - rate) < 0.01
+  new, orig = batch['input_ids'][r, pos], ids[r, pos]
+  assert abs(np.mean(new == tok.MASK_ID) - mask_prob) < 0.01
+  assert abs(np.mean((new != tok.MASK_ID) & (new != orig)) - random_prob) < 0.01
+
+
+def test_exact_count_per_row_and_static_shapes():
+  ids = _rows(500, seed=1)
+  ids[3, 1:] = tok.PAD_ID  # A row with nothing to mask.
+  ids[4, 3:] = tok.PAD_ID  # A row with two maskable tokens.
+  batch = _masker()(ids, seed=0, step=0, rows=np.arange(500))
+  n = (~np.isin(ids, (tok.PAD_ID, tok.CLS_ID, tok.SEP_ID))).sum(axis=1)
+  expected = np.where(n > 0, np.clip(np.floor(0.15 * n + 0.5), 1, P), 0)
+  np.testing.assert_array_equal(batch['masked_weights'].sum(axis=1), expected)
+  assert batch['masked_weights'][3].sum() == 0 and batch['masked_weights'][4].sum() == 1
+  for key, shape in [('input_ids', (500, T)), ('attention_mask', (500, T)),
+                     ('segment_ids', (500, T)), ('masked_positions', (500, P)),
+                     ('masked_ids', (500, P)), ('masked_weights', (500, P))]:
+    assert batch[key].shape == shape
+  # Valid slots name distinct positions, and masked_ids are the original tokens.
+  r, pos, s = _selected(batch)
+  np.testing.assert_array_equal(batch['masked_ids'][r, s], ids[r, pos])
+  for row in range(500):
+    valid = batch['masked_positions'][row][batch['masked_weights'][row] > 0]
+    assert len(set(valid.tolist())) == len(valid)
+  # Padding slots carry zeros.
+  pad = batch['masked_weights'] == 0
+  assert np.all(batch['masked_positions'][pad] == 0) and np.all(batch['masked_ids'][pad] == 0)
+
+
+def test_special_tokens_never_selected_nor_inserted():
+  ids = _rows(2000, seed=2)
+  counts = np.ones(V, np.int64)
+  counts[list(tok.SPECIAL_IDS)] = 10**9  # Would dominate if specials were drawable.
+  for source in ('unigram', 'uniform'):
+    m = _masker(counts, source=source, mask_prob=0.0, random_prob=1.0)
+    batch = m(ids, seed=5, step=1, rows=np.arange(len(ids)))
+    r, pos, _ = _selected(batch)
+    assert not np.isin(ids[r, pos], (tok.PAD_ID, tok.CLS_ID, tok.SEP_ID)).any()
+    inserted = batch['input_ids'][r, pos]
+    assert not np.isin(inserted, tok.SPECIAL_IDS).any()
+    # Special tokens stay where they were.
+    special = np.isin(ids, (tok.PAD_ID, tok.CLS_ID, tok.SEP_ID))
+    np.testing.assert_array_equal(batch['input_ids'][special], ids[special])
+  np.testing.assert_array_equal(batch['attention_mask'], (ids != tok.PAD_ID).astype(np.int32))
+
+
+def test_random_replacements_follow_unigram_counts():
+  vocab = 40
+  counts = np.zeros(vocab, np.int64)
+  counts[5:] = np.random.default_rng(0).integers(1, 200, vocab - 5) ** 2  # Skewed.
+  m = masking.Masker(P, 0.15, 0.0, 1.0, masking.replacement_distribution('unigram', vocab, counts))
+  ids = _rows(3000, seed=3, vocab_hi=vocab)
+  draws = []
+  for step in range(4):
+    batch = m(ids, seed=11, step=step, rows=np.arange(len(ids)) + step * len(ids))
+    r, pos, _ = _selected(batch)
+    draws.append(batch['input_ids'][r, pos])
+  observed = np.bincount(np.concatenate(draws), minlength=vocab)[5:]
+  expected = counts[5:] / counts[5:].sum() * observed.sum()
+  assert observed.sum() > 50_000
+  _, p_value = stats.chisquare(observed, expected)
+  assert p_value > 1e-3, p_value
+  # And the uniform option is uniform over the normal vocabulary.
+  m = masking.Masker(P, 0.15, 0.0, 1.0, masking.replacement_distribution('uniform', vocab, counts))
+  batch = m(ids, seed=11, step=0, rows=np.arange(len(ids)))
+  r, pos, _ = _selected(batch)
+  observed = np.bincount(batch['input_ids'][r, pos], minlength=vocab)
+  assert observed[:5].sum() == 0
+  _, p_value = stats.chisquare(observed[5:])
+  assert p_value > 1e-3, p_value
+
+
+def test_same_seed_same_mask_and_independent_of_how_rows_are_split():
+  ids = _rows(64, seed=4)
+  m = _masker()
+  whole = m(ids, seed=9, step=3, rows=np.arange(64))
+  again = m(ids, seed=9, step=3, rows=np.arange(64))
+  halves = [m(ids[:32], seed=9, step=3, rows=np.arange(32)),
+            m(ids[32:], seed=9, step=3, rows=np.arange(32, 64))]
+  for key in whole:
+    np.testing.assert_array_equal(whole[key], again[key])
+    np.testing.assert_array_equal(whole[key], np.concatenate([h[key] for h in halves]))
+  other_step = m(ids, seed=9, step=4, rows=np.arange(64))
+  other_seed = m(ids, seed=10, step=3, rows=np.arange(64))
+  assert not np.array_equal(whole['masked_positions'], other_step['masked_positions'])
+  assert not np.array_equal(whole['masked_positions'], other_seed['masked_positions'])

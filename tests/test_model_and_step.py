@@ -1,0 +1,172 @@
+"""Model, loss and train step: properties a user relies on."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from ml_collections import ConfigDict
+
+from mlm_jax import model as model_lib
+from mlm_jax import sharding
+from mlm_jax import train_step as step_lib
+
+B, T, P, V = 16, 32, 6, 300
+
+
+def _cfg(**overrides):
+  fields = dict(vocab_size=V, padded_vocab_size=384, num_layers=2, hidden_size=32,
+                num_heads=4, intermediate_size=48, max_position_embeddings=T,
+                dropout_rate=0.1, attention_dropout_rate=0.1)
+  fields.update(overrides)
+  return model_lib.ModelConfig(**fields)
+
+
+def _batch(seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, V, (B, T)).astype(np.int32)
+  lengths = rng.integers(T // 2, T + 1, B)
+  attention = (np.arange(T)[None, :] < lengths[:, None]).astype(np.int32)
+  ids = np.where(attention > 0, ids, 0)
+  positions = np.stack([np.sort(rng.choice(np.arange(1, n), P, replace=False)) for n in lengths])
+  weights = np.ones((B, P), np.float32)
+  weights[:, -2:] = 0  # Two padding slots per row.
+  positions = np.where(weights > 0, positions, 0)
+  return {'input_ids': ids, 'attention_mask': attention, 'segment_ids': np.zeros_like(ids),
+          'masked_positions': positions.astype(np.int32),
+          'masked_ids': np.where(weights > 0, rng.integers(5, V, (B, P)), 0).astype(np.int32),
+          'masked_weights': weights}
+
+
+def _train_config(**overrides):
+  c = ConfigDict(dict(learning_rate=1e-3, warmup_steps=2, num_steps=10, weight_decay=0.01,
+                      adam_b1=0.9, adam_b2=0.999, adam_eps=1e-6, grad_clip_norm=1.0))
+  c.update(overrides)
+  return c
+
+
+def _state(cfg, batch):
+  model = model_lib.BertForMLM(cfg)
+  tx = step_lib.make_optimizer(_train_config())
+  return step_lib.create_state(model, tx, jax.random.key(0), batch)
+
+
+def _loss_and_grads(state, batch):
+  def loss_fn(params):
+    logits = state.apply_fn({'params': params}, batch, deterministic=True)
+    t = step_lib.mlm_loss_terms(logits, batch['masked_ids'], batch['masked_weights'])
+    return t['loss_sum'] / t['weight_sum']
+  return jax.value_and_grad(loss_fn)(state.params)
+
+
+def test_logits_only_at_masked_slots_and_padded_vocab_never_predicted():
+  batch = _batch()
+  state = _state(_cfg(), batch)
+  logits = state.apply_fn({'params': state.params}, batch)
+  assert logits.shape == (B, P, 384)
+  assert np.all(np.asarray(jnp.argmax(logits, -1)) < V)
+  assert np.all(np.asarray(logits[..., V:]) < -1e8)
+
+
+def test_padding_slots_change_neither_loss_nor_gradients():
+  batch = _batch()
+  state = _state(_cfg(), batch)
+  loss, grads = _loss_and_grads(state, batch)
+  other = dict(batch)
+  pad = batch['masked_weights'] == 0
+  other['masked_positions'] = np.where(pad, 7, batch['masked_positions']).astype(np.int32)
+  other['masked_ids'] = np.where(pad, 123, batch['masked_ids']).astype(np.int32)
+  loss2, grads2 = _loss_and_grads(state, other)
+  assert float(loss) == pytest.approx(float(loss2), rel=1e-6)
+  for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(grads2)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_padding_keys_are_not_attended_to():
+  batch = _batch()
+  state = _state(_cfg(), batch)
+  logits = state.apply_fn({'params': state.params}, batch)
+  other = dict(batch)
+  other['input_ids'] = np.where(batch['attention_mask'] > 0, batch['input_ids'], 77).astype(np.int32)
+  logits2 = state.apply_fn({'params': state.params}, other)
+  np.testing.assert_allclose(logits, logits2, rtol=1e-5, atol=1e-5)
+
+
+def test_loss_is_divided_by_the_global_number_of_masked_tokens():
+  logits = jax.random.normal(jax.random.key(1), (4, 3, 10))
+  ids = jnp.array([[1, 2, 3], [4, 5, 6], [7, 8, 9], [0, 1, 2]])
+  w = jnp.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]], jnp.float32)
+  terms = step_lib.mlm_loss_terms(logits, ids, w)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, ids)
+  assert float(terms['weight_sum']) == 6
+  assert float(terms['loss_sum'] / terms['weight_sum']) == pytest.approx(
+      float(jnp.sum(ce * w) / 6), rel=1e-6)
+
+
+def _run_steps(devices, batches, cfg):
+  mesh = sharding.make_mesh(devices)
+  state = _state(cfg, batches[0])
+  repl = sharding.replicated(mesh)
+  state = jax.device_put(state, repl)
+  step = jax.jit(step_lib.make_train_step(step_lib.learning_rate_schedule(_train_config())),
+                 in_shardings=(repl, sharding.batch_sharding(mesh), repl),
+                 out_shardings=(repl, repl), donate_argnums=0)
+  losses = []
+  for batch in batches:
+    state, metrics = step(state, sharding.to_global(batch, mesh), jax.random.key(5))
+    losses.append(float(metrics['loss']))
+  return losses, state
+
+
+def test_same_global_batch_same_loss_on_1_and_8_devices():
+  assert jax.device_count() == 8
+  batches = [_batch(s) for s in range(3)]
+  cfg = _cfg(dropout_rate=0.0, attention_dropout_rate=0.0)
+  losses1, state1 = _run_steps(jax.devices()[:1], batches, cfg)
+  losses8, state8 = _run_steps(jax.devices(), batches, cfg)
+  np.testing.assert_allclose(losses1, losses8, rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(state1.params), jax.tree_util.tree_leaves(state8.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  assert losses8[-1] < losses8[0]
+
+
+def test_dropout_is_a_function_of_seed_and_step():
+  batches = [_batch(0)] * 2
+  losses_a, _ = _run_steps(jax.devices()[:2], batches, _cfg())
+  losses_b, _ = _run_steps(jax.devices()[:2], batches, _cfg())
+  assert losses_a == losses_b
+
+
+def test_weight_decay_skips_biases_and_layer_norm():
+  state = _state(_cfg(), _batch())
+  mask = step_lib.weight_decay_mask(state.params)
+  flat = {'/'.join(k.key for k in path): v
+          for path, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
+  assert flat['encoder/embeddings/token/embedding']
+  assert flat['encoder/layer_0/attention/query/kernel']
+  assert not flat['encoder/layer_0/attention/query/bias']
+  assert not flat['encoder/layer_0/output_layer_norm/scale']
+  assert not flat['mlm_head/output_bias']
+
+
+def test_schedule_warms_up_linearly_then_decays_to_zero():
+  schedule = step_lib.learning_rate_schedule(_train_config(learning_rate=1.0, warmup_steps=4,
+                                                           num_steps=12))
+  values = [float(schedule(s)) for s in range(13)]
+  np.testing.assert_allclose(values[:5], [0, 0.25, 0.5, 0.75, 1.0], atol=1e-6)
+  np.testing.assert_allclose(values[4:], np.linspace(1, 0, 9), atol=1e-6)
+
+
+def test_mlm_head_embedding_is_tied_to_the_input_embedding():
+  batch = _batch()
+  state = _state(_cfg(dropout_rate=0.0, attention_dropout_rate=0.0), batch)
+  names = {'/'.join(k.key for k in path)
+           for path, _ in jax.tree_util.tree_flatten_with_path(state.params)[0]}
+  assert not any('decoder' in n or ('mlm_head' in n and 'embedding' in n) for n in names)
+  # Scaling the token embedding changes the logits through both uses.
+  params = jax.tree_util.tree_map(lambda x: x, state.params)
+  emb = params['encoder']['embeddings']['token']['embedding']
+  params['encoder']['embeddings']['token']['embedding'] = emb.at[V - 1].set(emb[V - 1] * 50)
+  a = state.apply_fn({'params': state.params}, batch)
+  b = state.apply_fn({'params': params}, batch)
+  assert not np.allclose(a[..., V - 1], b[..., V - 1])
