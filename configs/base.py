@@ -43,8 +43,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Dynamic masking (BERT 80/10/10 recipe).
   config.masking = ml_collections.ConfigDict()
-  # Static number of masked slots per row (P); 20 for T=128, 80 for T=512.
-  config.masking.max_predictions = 20
+  # Static number of masked slots per row (P): follows data.seq_len as 5T/32,
+  # i.e. BERT's 20 for T=128 and 80 for T=512, unless set explicitly.
+  config.masking.max_predictions = config.data.get_ref('seq_len') * 5 // 32
   # Fraction of maskable tokens selected per row (exact count per row).
   config.masking.select_rate = 0.15
   # Of the selected tokens: fraction replaced by [MASK].

@@ -236,8 +236,12 @@ def _evaluate(eval_step, state, data: prepare_lib.PreparedData, masker: masking.
   top_token = int(np.argmax(counts))
   totals = {'loss_sum': 0.0, 'correct_sum': 0.0, 'weight_sum': 0.0}
   baseline_local = np.zeros(2)  # [hits, masked] on this process's rows
+  source = data.source('validation')
+  # A split smaller than one batch is not padded up to it: padding rows cost
+  # as much compute as real ones.
+  global_batch = min(config.eval.batch_size, -(-len(source) // mesh.size) * mesh.size)
   for host_batch in input_pipeline.eval_batches(
-      data.source('validation'), masker, global_batch=config.eval.batch_size,
+      source, masker, global_batch=global_batch,
       mask_seed=config.eval.mask_seed, max_batches=config.eval.max_batches,
       process_index=jax.process_index(), process_count=jax.process_count()):
     w = host_batch['masked_weights']

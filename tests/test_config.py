@@ -21,6 +21,8 @@ def test_base_and_large_shapes():
   assert (b.model.num_layers, b.model.hidden_size, b.model.num_heads,
           b.model.intermediate_size) == (12, 768, 12, 3072)
   assert (b.data.seq_len, b.masking.max_predictions, b.train.batch_size) == (128, 20, 256)
+  b.data.seq_len = 512
+  assert b.masking.max_predictions == 80
   assert (l.model.num_layers, l.model.hidden_size, l.model.num_heads,
           l.model.intermediate_size) == (24, 1024, 16, 4096)
 
