@@ -1,4 +1,9 @@
-"""A small BERT for a CPU quick start: trains on the default corpus in minutes."""
+"""A small BERT for a CPU quick start: trains on the default corpus in ~11 minutes.
+
+Sizes were chosen by measurement on a 2-core CPU: at this budget a narrow
+4-layer model with a small vocabulary and batch reaches a higher held-out MLM
+accuracy than wider models or larger batches that see fewer updates.
+"""
 
 import ml_collections
 
@@ -9,29 +14,31 @@ def get_config() -> ml_collections.ConfigDict:
   config = base.get_config()
   # Held-out documents: more than base, so eval accuracy is not noisy.
   config.data.val_fraction = 0.05
-  # A small vocabulary suits the ~1.7 MB default corpus.
-  config.tokenizer.vocab_size = 8000
+  # A small vocabulary suits the ~1.6 MB default corpus.
+  config.tokenizer.vocab_size = 1000
   # Number of transformer blocks (L).
   config.model.num_layers = 4
   # Model width (d).
-  config.model.hidden_size = 256
-  # Attention heads.
+  config.model.hidden_size = 128
+  # Attention heads (head size 32).
   config.model.num_heads = 4
   # MLP width (d_ff).
-  config.model.intermediate_size = 1024
+  config.model.intermediate_size = 512
   # Size of the learned position table.
   config.model.max_position_embeddings = 128
-  # No dropout on attention probabilities: short runs do not overfit, and the
-  # fused attention kernel is faster.
+  # No dropout: a run this short is far from overfitting.
+  config.model.dropout_rate = 0.0
+  # No dropout on attention probabilities either (it also allows the fused
+  # attention kernel).
   config.model.attention_dropout_rate = 0.0
   # Rows per step.
-  config.train.batch_size = 32
+  config.train.batch_size = 16
   # Total optimiser steps.
-  config.train.num_steps = 2000
-  # Small models take a larger peak learning rate.
-  config.train.learning_rate = 1e-3
+  config.train.num_steps = 3000
+  # Small models take a larger peak learning rate (4e-3 diverged here).
+  config.train.learning_rate = 2e-3
   # Linear warm-up steps.
-  config.train.warmup_steps = 200
+  config.train.warmup_steps = 100
   # Log every this many steps.
   config.train.log_every = 50
   # Evaluate every this many steps.

@@ -32,9 +32,12 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
+  def is_due(self, step: int) -> bool:
+    return step % self._every == 0
+
   def save(self, step: int, state: Any, meta: dict, *, force: bool = False) -> bool:
     """Starts an asynchronous save if `step` is due (or forced); returns whether it did."""
-    if not (force or step % self._every == 0) or step in self._manager.all_steps():
+    if not (force or self.is_due(step)) or step in self._manager.all_steps():
       return False
     return self._manager.save(
         step, force=True,
@@ -52,8 +55,13 @@ class Checkpointer:
           f'checkpoint {self.directory}/{step} does not fit this config ({details}). '
           'Use the config the run was started with, or a new --workdir.')
     target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _tree(state))
-    restored = self._manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))['state']
+    try:
+      restored = self._manager.restore(
+          step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))['state']
+    except ValueError as e:
+      raise CheckpointMismatchError(
+          f'checkpoint {self.directory}/{step} holds a train state of another structure '
+          f'(were the optimizer settings changed?): {str(e).splitlines()[0]}') from e
     return state.replace(**restored)
 
   def wait(self) -> None:
@@ -65,3 +73,4 @@ class Checkpointer:
 
 def _tree(state: Any) -> dict:
   return {'step': state.step, 'params': state.params, 'opt_state': state.opt_state}
+

@@ -27,7 +27,7 @@ flags.mark_flags_as_required(['config', 'workdir'])
 
 # Errors caused by the user's input: shown as one line, without a traceback.
 _USER_ERRORS = (config_lib.ConfigError, corpus.CorpusError, prepare.DataDirError,
-                checkpoint.CheckpointMismatchError)
+                checkpoint.CheckpointMismatchError, FloatingPointError)
 
 
 class _QuietLibraries:

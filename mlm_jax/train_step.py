@@ -41,13 +41,13 @@ def weight_decay_mask(params: Any) -> Any:
 
 
 def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  parts = []
-  if train.grad_clip_norm > 0:
-    parts.append(optax.clip_by_global_norm(train.grad_clip_norm))
-  parts.append(optax.adamw(
-      learning_rate_schedule(train), b1=train.adam_b1, b2=train.adam_b2,
-      eps=train.adam_eps, weight_decay=train.weight_decay, mask=weight_decay_mask))
-  return optax.chain(*parts)
+  # The chain keeps one shape whatever the settings, so a run can be resumed
+  # with clipping switched off (an infinite threshold never clips).
+  clip = train.grad_clip_norm if train.grad_clip_norm > 0 else float('inf')
+  return optax.chain(
+      optax.clip_by_global_norm(clip),
+      optax.adamw(learning_rate_schedule(train), b1=train.adam_b1, b2=train.adam_b2,
+                  eps=train.adam_eps, weight_decay=train.weight_decay, mask=weight_decay_mask))
 
 
 def mlm_loss_terms(logits: Array, masked_ids: Array, weights: Array) -> dict[str, Array]:

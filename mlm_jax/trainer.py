@@ -109,45 +109,49 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   run_start = time.perf_counter()
   if start_step >= num_steps:
     logging.info('Already trained to step %d (config.train.num_steps=%d).', start_step, num_steps)
-  with stop:
-    while step < num_steps:
-      batch = sharding.to_global(next(batches), mesh)
-      state, metrics = train_step(state, batch, dropout_rng)
-      step += 1
-      pending.append(metrics)
-      if step == start_step + 1:
-        # The first step compiles: time it alone and keep it out of tokens/s.
-        jax.block_until_ready(metrics)
-        logging.info('First step (compile included) took %.1fs', time.perf_counter() - interval_start)
-        interval_start = time.perf_counter()
-        untimed = 1
-      progress.update(1)
+  # An exception (a NaN loss, a second Ctrl-C) still lets in-flight saves finish.
+  try:
+    with stop:
+      while step < num_steps:
+        batch = sharding.to_global(next(batches), mesh)
+        state, metrics = train_step(state, batch, dropout_rng)
+        step += 1
+        pending.append(metrics)
+        if step == start_step + 1:
+          # The first step compiles: time it alone and keep it out of tokens/s.
+          jax.block_until_ready(metrics)
+          logging.info('First step (compile included) took %.1fs', time.perf_counter() - interval_start)
+          interval_start = time.perf_counter()
+          untimed = 1
+        progress.update(1)
 
-      if step % config.train.log_every == 0 or step == num_steps:
-        record = _summarise(jax.device_get(pending), untimed, time.perf_counter() - interval_start)
-        untimed = 0
-        if not math.isfinite(record['loss']):
-          raise FloatingPointError(
-              f'loss is {record["loss"]} at step {step}; stopping. The last good checkpoint '
-              f'is kept in {checkpointer.directory}. Try a lower config.train.learning_rate.')
-        writer.write(step, record)
-        progress.set_postfix(loss=f'{record["loss"]:.3f}', acc=f'{record["mlm_accuracy"]:.3f}')
-        pending.clear()
-        interval_start = time.perf_counter()
+        if step % config.train.log_every == 0 or step == num_steps:
+          record = _summarise(jax.device_get(pending), untimed, time.perf_counter() - interval_start)
+          untimed = 0
+          _check_finite(record['loss'], step, checkpointer.directory)
+          writer.write(step, record)
+          progress.set_postfix(loss=f'{record["loss"]:.3f}', acc=f'{record["mlm_accuracy"]:.3f}')
+          pending.clear()
+          interval_start = time.perf_counter()
 
-      if step % config.train.eval_every == 0 or step == num_steps:
-        last_eval = evaluate(state)
-        writer.write(step, {f'eval_{k}': v for k, v in last_eval.items()})
-        interval_start = time.perf_counter()
+        if step % config.train.eval_every == 0 or step == num_steps:
+          last_eval = evaluate(state)
+          writer.write(step, {f'eval_{k}': v for k, v in last_eval.items()})
+          interval_start = time.perf_counter()
 
-      checkpointer.save(step, state, meta, force=step == num_steps or stop.requested)
-      if stop.requested:
-        logging.warning('Stopped by %s at step %d; checkpoint saved. Run the same command '
-                        'to resume.', stop.signal_name, step)
-        break
+        final = step == num_steps or stop.requested
+        if final or checkpointer.is_due(step):
+          # Never save a diverged state: a NaN loss means NaN parameters.
+          _check_finite(float(metrics['loss']), step, checkpointer.directory)
+          checkpointer.save(step, state, meta, force=final)
+        if stop.requested:
+          logging.warning('Stopped by %s at step %d; checkpoint saved. Run the same command '
+                          'to resume.', stop.signal_name, step)
+          break
+  finally:
     checkpointer.wait()
-  checkpointer.close()
-  progress.close()
+    checkpointer.close()
+    progress.close()
 
   summary = {'step': step, 'wall_time_s': time.perf_counter() - run_start, **last_eval}
   if last_eval and is_main:
@@ -170,6 +174,13 @@ def _prepare_data(config: ml_collections.ConfigDict) -> prepare_lib.PreparedData
     prepare_lib.prepare(config)
   multihost_utils.sync_global_devices('mlm_jax:prepare')
   return prepare_lib.prepare(config)
+
+
+def _check_finite(loss: float, step: int, checkpoint_dir: str) -> None:
+  if not math.isfinite(loss):
+    raise FloatingPointError(
+        f'loss is {loss} at step {step}; stopping. The last good checkpoint is kept in '
+        f'{checkpoint_dir}. Try a lower config.train.learning_rate.')
 
 
 def _example_batch(seq_len: int, max_predictions: int) -> dict[str, jax.Array]:

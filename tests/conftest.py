@@ -43,6 +43,7 @@ def micro_config(corpus_glob: str, data_dir: str):
   config.model.num_heads = 2
   config.model.intermediate_size = 64
   config.model.max_position_embeddings = 32
+  config.model.dropout_rate = 0.1  # Resume tests must cover dropout keys too.
   config.train.batch_size = 16
   config.train.num_steps = 8
   config.train.warmup_steps = 3

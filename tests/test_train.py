@@ -158,3 +158,20 @@ def test_bad_input_is_one_clear_line_before_anything_runs(prepared, tmp_path):
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith('error: ') and words in last, out.stderr[-2000:]
     assert not (workdir / 'checkpoints').exists()
+
+
+def test_diverging_run_stops_with_the_step_and_keeps_the_last_good_checkpoint(prepared, tmp_path):
+  config, _ = prepared
+  config = config.copy_and_resolve_references()
+  workdir = str(tmp_path / 'run')
+  config.train.num_steps = 4
+  trainer.train_and_evaluate(config, workdir)
+  config.train.num_steps = 40
+  config.train.learning_rate = 1e30
+  config.train.grad_clip_norm = 0.0
+  config.train.log_every = 3  # Does not divide checkpoint_every: saves check too.
+  with pytest.raises(FloatingPointError, match=r'at step \d+'):
+    trainer.train_and_evaluate(config, workdir)
+  kept = sorted(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints')))
+  params = _params(workdir, kept[-1], config)
+  assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(params))
