@@ -168,6 +168,10 @@ def _prepare_into(out: str, config: ml_collections.ConfigDict, fp: dict) -> None
       character_coverage=config.tokenizer.character_coverage,
       max_sentences=config.tokenizer.max_sentences,
       seed=data.split_seed)
+  if tokenizer.vocab_size < config.tokenizer.vocab_size:
+    logging.warning('The corpus supports only %d tokenizer pieces; the vocabulary has %d, not '
+                    'the %d asked for (config.tokenizer.vocab_size).', tokenizer.vocab_size,
+                    tokenizer.vocab_size, config.tokenizer.vocab_size)
 
   logging.info('Tokenizing and packing rows of %d ids', data.seq_len)
   packers = {'train': _RowPacker(os.path.join(out, 'train.rows'), data.seq_len),
