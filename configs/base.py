@@ -40,6 +40,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.tokenizer.character_coverage = 0.9995
   # At most this many lines are sampled to train the tokenizer.
   config.tokenizer.max_sentences = 2_000_000
+  # An existing mlm_jax sentencepiece model to use instead of training one
+  # (e.g. WORKDIR/tokenizer.model of an earlier run); the settings above are
+  # then ignored.
+  config.tokenizer.model_file = ''
 
   # Dynamic masking (BERT 80/10/10 recipe).
   config.masking = ml_collections.ConfigDict()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -36,6 +38,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   _check(tok.model_type in ('unigram', 'bpe'),
          f"config.tokenizer.model_type={tok.model_type!r}: use 'unigram' or 'bpe'.")
   _check(tok.max_sentences > 0, 'config.tokenizer.max_sentences must be positive.')
+  _check(not tok.model_file or os.path.isfile(os.path.expanduser(tok.model_file)),
+         f'config.tokenizer.model_file={tok.model_file!r}: no such file. Give the path of a '
+         "sentencepiece model written by mlm_jax (WORKDIR/tokenizer.model), or '' to train one.")
   _check(0 < m.max_predictions <= d.seq_len - 2,
          f'config.masking.max_predictions={m.max_predictions} (P) must be in '
          f'[1, config.data.seq_len - 2 = {d.seq_len - 2}].')

@@ -65,6 +65,12 @@ class PreparedData:
 
 def fingerprint(data: ml_collections.ConfigDict, tok: ml_collections.ConfigDict) -> dict:
   """Everything the prepared data depends on."""
+  if tok.model_file:
+    tokenizer = {'model_file_sha256': _file_digest(os.path.expanduser(tok.model_file))}
+  else:
+    tokenizer = {'vocab_size': tok.vocab_size, 'model_type': tok.model_type,
+                 'character_coverage': tok.character_coverage,
+                 'max_sentences': tok.max_sentences}
   return {
       'format': FORMAT_VERSION,
       'corpus': corpus_lib.describe(data.corpus),
@@ -72,13 +78,13 @@ def fingerprint(data: ml_collections.ConfigDict, tok: ml_collections.ConfigDict)
       'seq_len': data.seq_len,
       'val_fraction': data.val_fraction,
       'split_seed': data.split_seed,
-      'tokenizer': {
-          'vocab_size': tok.vocab_size,
-          'model_type': tok.model_type,
-          'character_coverage': tok.character_coverage,
-          'max_sentences': tok.max_sentences,
-      },
+      'tokenizer': tokenizer,
   }
+
+
+def _file_digest(path: str) -> str:
+  with open(path, 'rb') as f:
+    return hashlib.sha256(f.read()).hexdigest()
 
 
 def default_data_dir(fp: dict) -> str:
@@ -157,21 +163,13 @@ def _prepare_into(out: str, config: ml_collections.ConfigDict, fp: dict) -> None
       text = tok_lib.sanitize(text)
       yield _is_validation(text, data.val_fraction, data.split_seed), text
 
-  logging.info('Training a %s tokenizer (vocab %d)', config.tokenizer.model_type,
-               config.tokenizer.vocab_size)
-  lines = (line.strip() for is_val, text in iter_docs() if not is_val
-           for line in text.splitlines() if line.strip())
-  tokenizer = tok_lib.train_tokenizer(
-      lines, os.path.join(out, 'tokenizer.model'),
-      vocab_size=config.tokenizer.vocab_size,
-      model_type=config.tokenizer.model_type,
-      character_coverage=config.tokenizer.character_coverage,
-      max_sentences=config.tokenizer.max_sentences,
-      seed=data.split_seed)
-  if tokenizer.vocab_size < config.tokenizer.vocab_size:
-    logging.warning('The corpus supports only %d tokenizer pieces; the vocabulary has %d, not '
-                    'the %d asked for (config.tokenizer.vocab_size).', tokenizer.vocab_size,
-                    tokenizer.vocab_size, config.tokenizer.vocab_size)
+  model_path = os.path.join(out, 'tokenizer.model')
+  if config.tokenizer.model_file:
+    shutil.copyfile(os.path.expanduser(config.tokenizer.model_file), model_path)
+    tokenizer = tok_lib.Tokenizer(model_path)
+  else:
+    tokenizer = _train_tokenizer(iter_docs, model_path, config)
+
 
   logging.info('Tokenizing and packing rows of %d ids', data.seq_len)
   packers = {'train': _RowPacker(os.path.join(out, 'train.rows'), data.seq_len),
@@ -210,6 +208,23 @@ def _prepare_into(out: str, config: ml_collections.ConfigDict, fp: dict) -> None
   # Written last: its presence marks a complete data dir.
   with open(os.path.join(out, 'fingerprint.json'), 'w') as f:
     json.dump(fp, f, indent=2)
+
+
+def _train_tokenizer(iter_docs, model_path: str,
+                     config: ml_collections.ConfigDict) -> tok_lib.Tokenizer:
+  """Trains sentencepiece on the lines of the training documents."""
+  tok = config.tokenizer
+  logging.info('Training a %s tokenizer (vocab %d)', tok.model_type, tok.vocab_size)
+  lines = (line.strip() for is_val, text in iter_docs() if not is_val
+           for line in text.splitlines() if line.strip())
+  tokenizer = tok_lib.train_tokenizer(
+      lines, model_path, vocab_size=tok.vocab_size, model_type=tok.model_type,
+      character_coverage=tok.character_coverage, max_sentences=tok.max_sentences,
+      seed=config.data.split_seed)
+  if tokenizer.vocab_size < tok.vocab_size:
+    logging.warning('The corpus supports only %d tokenizer pieces, not the %d asked for '
+                    '(config.tokenizer.vocab_size).', tokenizer.vocab_size, tok.vocab_size)
+  return tokenizer
 
 
 def _is_validation(text: str, fraction: float, seed: int) -> bool:

@@ -165,3 +165,14 @@ def test_eval_batches_pad_with_weightless_rows(prepared):
   for a, b in zip(batches, again):
     np.testing.assert_array_equal(a['masked_positions'], b['masked_positions'])
   assert json.loads(json.dumps(data.stats))  # Serialisable report.
+
+
+def test_an_existing_tokenizer_is_used_instead_of_training_one(prepared, tmp_path):
+  config, data = prepared
+  other = micro_config(config.data.corpus, str(tmp_path / 'data'))
+  other.tokenizer.model_file = os.path.join(data.data_dir, 'tokenizer.model')
+  other.tokenizer.vocab_size = 9999  # Ignored: the model file decides.
+  reused = prepare.prepare(other)
+  assert reused.data_dir != data.data_dir
+  assert reused.tokenizer.model_proto == data.tokenizer.model_proto
+  np.testing.assert_array_equal(reused.unigram_counts, data.unigram_counts)
