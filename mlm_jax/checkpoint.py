@@ -74,3 +74,35 @@ class Checkpointer:
 def _tree(state: Any) -> dict:
   return {'step': state.step, 'params': state.params, 'opt_state': state.opt_state}
 
+
+def restore_params(directory: str, step: int | None = None) -> tuple[int, Any, dict]:
+  """(step, params as host numpy arrays, meta) of a checkpoint, for inference and export.
+
+  Reads only the parameters (not the optimizer state) and needs neither the
+  train state nor the devices the run was sharded over. `step` None: the latest.
+  """
+  import numpy as np  # Restored leaves are host arrays.
+  directory = os.path.abspath(directory)
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f'no checkpoint directory {directory}')
+  manager = ocp.CheckpointManager(
+      directory, item_handlers={'state': ocp.PyTreeCheckpointHandler(),
+                                'meta': ocp.JsonCheckpointHandler()},
+      options=ocp.CheckpointManagerOptions(create=False))
+  try:
+    steps = manager.all_steps()
+    step = max(steps, default=None) if step is None else step
+    if step not in steps:
+      raise FileNotFoundError(
+          f'no checkpoint of step {step} in {directory} (steps: {sorted(steps)})')
+    saved = manager.item_metadata(step)['state'].tree['params']
+    target = {'params': jax.tree_util.tree_map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), saved)}
+    restore_args = jax.tree_util.tree_map(
+        lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
+        meta=ocp.args.JsonRestore()))
+  finally:
+    manager.close()
+  return step, restored['state']['params'], restored['meta']

@@ -71,6 +71,29 @@ class Tokenizer:
     return np.array([self._sp.id_to_piece(i).startswith('\u2581')
                      for i in range(self.vocab_size)])
 
+  def spec(self) -> dict:
+    """The model's algorithm, normalizer settings and pieces, for re-implementing it elsewhere.
+
+    Returns {'model_type': 'unigram'|'bpe'|..., 'byte_fallback', 'add_dummy_prefix',
+    'remove_extra_whitespaces', 'escape_whitespaces', 'treat_whitespace_as_suffix',
+    'precompiled_charsmap': bytes, 'pieces': [(piece, score, kind)] in id order}, kind one of
+    'normal', 'unknown', 'control', 'user_defined', 'unused', 'byte'.
+    """
+    from sentencepiece import sentencepiece_model_pb2  # Only the exporter needs the proto.
+    proto = sentencepiece_model_pb2.ModelProto.FromString(self.model_proto)
+    kinds = {v.number: v.name.lower() for v in proto.SentencePiece.Type.DESCRIPTOR.values}
+    trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
+    return {
+        'model_type': trainer.ModelType.Name(trainer.model_type).lower(),
+        'byte_fallback': trainer.byte_fallback,
+        'add_dummy_prefix': normalizer.add_dummy_prefix,
+        'remove_extra_whitespaces': normalizer.remove_extra_whitespaces,
+        'escape_whitespaces': normalizer.escape_whitespaces,
+        'treat_whitespace_as_suffix': trainer.treat_whitespace_as_suffix,
+        'precompiled_charsmap': normalizer.precompiled_charsmap,
+        'pieces': [(p.piece, p.score, kinds[p.type]) for p in proto.pieces],
+    }
+
 
 def train_tokenizer(lines: Iterable[str], model_path: str, *, vocab_size: int,
                     model_type: str, character_coverage: float,
