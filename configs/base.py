@@ -114,6 +114,13 @@ def get_config() -> ml_collections.ConfigDict:
   # Number of most recent checkpoints kept.
   config.train.keep_checkpoints = 3
 
+  # Where the parameters of a new run come from (a resumed run ignores it).
+  config.init = ml_collections.ConfigDict()
+  # A Hugging Face BERT directory (safetensors) to continue pretraining from,
+  # e.g. one written by `python -m mlm_jax.export`. Its tokenizer.model is
+  # used unless config.tokenizer.model_file is set. Empty: random init.
+  config.init.hf_dir = ''
+
   # Held-out evaluation.
   config.eval = ml_collections.ConfigDict()
   # Rows per evaluation batch (global).

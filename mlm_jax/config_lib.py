@@ -78,6 +78,14 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
       _check(value % num_devices == 0,
              f'config.{field}={value} is not divisible by the {num_devices} devices; '
              f'use a multiple of {num_devices}.')
+  if config.init.hf_dir:
+    hf_dir = os.path.expanduser(config.init.hf_dir)
+    _check(os.path.isdir(hf_dir), f'config.init.hf_dir={config.init.hf_dir!r}: no such directory.')
+    _check(bool(tok.model_file) or os.path.isfile(os.path.join(hf_dir, 'tokenizer.model')),
+           f'config.init.hf_dir={config.init.hf_dir!r} has no tokenizer.model (sentencepiece), '
+           'so its token ids cannot be matched to a corpus: export it with '
+           '`python -m mlm_jax.export`, or set config.tokenizer.model_file to the sentencepiece '
+           'model its vocabulary was made with.')
   if config.data.corpus:
     try:
       corpus_lib.resolve_files(config.data.corpus)

@@ -39,6 +39,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # ---------------------------------------------------------------- config
   mesh = sharding.make_mesh()
   config_lib.validate(config, num_devices=mesh.size)
+  config = _resolve_init_tokenizer(config)
   is_main = jax.process_index() == 0
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -77,10 +78,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       os.path.join(workdir, 'checkpoints'), every=config.train.checkpoint_every,
       keep=config.train.keep_checkpoints)
   meta = _checkpoint_meta(model_cfg)
+  # Resume order: this workdir's latest checkpoint, else a Hugging Face BERT.
   start_step = checkpointer.latest_step() or 0
   if start_step:
     state = checkpointer.restore(start_step, state, meta)
     logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
+  elif config.init.hf_dir:
+    from mlm_jax import hf  # Needs the interop extra (safetensors).
+    try:
+      state = hf.init_from_hf(state, os.path.expanduser(config.init.hf_dir), model_cfg)
+    except ValueError as e:
+      raise config_lib.ConfigError(f'config.init.hf_dir={config.init.hf_dir!r}: {e}') from e
+    logging.info('Initialised from the Hugging Face BERT in %s', config.init.hf_dir)
 
   # ----------------------------------------------------------------- steps
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
@@ -164,6 +173,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _resolve_init_tokenizer(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A run started from config.init.hf_dir tokenizes with that model's vocabulary."""
+  if not config.init.hf_dir or config.tokenizer.model_file:
+    return config
+  config = config.copy_and_resolve_references()
+  config.tokenizer.model_file = os.path.join(os.path.expanduser(config.init.hf_dir),
+                                             'tokenizer.model')
+  return config
 
 
 def _prepare_data(config: ml_collections.ConfigDict) -> prepare_lib.PreparedData:
