@@ -113,6 +113,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.checkpoint_every = 10_000
   # Number of most recent checkpoints kept.
   config.train.keep_checkpoints = 3
+  # Also write the logged scalars as TensorBoard event files in WORKDIR/tb.
+  config.train.tensorboard = True
 
   # Where the parameters of a new run come from (a resumed run ignores it).
   config.init = ml_collections.ConfigDict()
@@ -129,4 +131,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval.max_batches = 0
   # Seed of the fixed evaluation masks.
   config.eval.mask_seed = 1234
+
+  # Performance: a jax.profiler trace of a few steps, and the peak for MFU.
+  config.profile = ml_collections.ConfigDict()
+  # First traced step (step 1 is the first update and includes compilation).
+  config.profile.start_step = 10
+  # Number of steps traced into WORKDIR/profile (0: no trace).
+  config.profile.num_steps = 0
+  # Also trace Python calls (shows host-side stalls; makes the trace far larger).
+  config.profile.trace_python = False
+  # Peak TFLOP/s of one device, for the MFU in WORKDIR/summary.json. 0: look
+  # the chip up in mlm_jax/flops.py (an unknown chip gets no MFU).
+  config.profile.peak_tflops = 0.0
   return config

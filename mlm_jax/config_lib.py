@@ -73,6 +73,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   _check(tr.grad_clip_norm >= 0, 'config.train.grad_clip_norm must be >= 0 (0 disables).')
   _check(ev.batch_size > 0, f'config.eval.batch_size={ev.batch_size} must be positive.')
   _check(ev.max_batches >= 0, 'config.eval.max_batches must be >= 0 (0: whole split).')
+  if 'profile' in config:
+    p = config.profile
+    _check(p.num_steps >= 0, 'config.profile.num_steps must be >= 0 (0: no trace).')
+    _check(p.num_steps == 0 or p.start_step >= 1,
+           f'config.profile.start_step={p.start_step} must be >= 1 (the first step is 1).')
+    _check(p.peak_tflops >= 0, 'config.profile.peak_tflops must be >= 0 (0: from the chip).')
   if num_devices is not None:
     for field, value in (('train.batch_size', tr.batch_size), ('eval.batch_size', ev.batch_size)):
       _check(value % num_devices == 0,

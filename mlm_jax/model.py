@@ -123,13 +123,19 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids: Array, segment_ids: Array, attention_mask: Array,
-               deterministic: bool = True) -> Array:
-    """[B, T] ids -> [B, T, d] contextual embeddings."""
+               deterministic: bool = True, return_all_layers: bool = False) -> Array:
+    """[B, T] ids -> [B, T, d] contextual embeddings.
+
+    With return_all_layers: [L + 1, B, T, d], the embeddings' output (index 0)
+    and then every block's, the last being the usual output.
+    """
     x = Embeddings(self.cfg, name='embeddings')(input_ids, segment_ids, deterministic)
     key_mask = attention_mask.astype(bool)
+    layers = [x]
     for i in range(self.cfg.num_layers):
       x = TransformerBlock(self.cfg, name=f'layer_{i}')(x, key_mask, deterministic)
-    return x
+      layers.append(x)
+    return jnp.stack(layers) if return_all_layers else x
 
 
 class MLMHead(nn.Module):
@@ -156,7 +162,11 @@ class MLMHead(nn.Module):
 
 
 class BertForMLM(nn.Module):
-  """model.apply(params, batch) -> MLM logits [B, P, V] at the masked slots."""
+  """model.apply(params, batch) -> MLM logits [B, P, V] at the masked slots.
+
+  For probing, `method=BertForMLM.all_layers` gives every layer's output and
+  `method=BertForMLM.mlm_logits` runs the head on any one of them.
+  """
 
   cfg: ModelConfig
 
@@ -167,5 +177,14 @@ class BertForMLM(nn.Module):
   def __call__(self, batch: dict[str, Array], deterministic: bool = True) -> Array:
     sequence = self.encoder(batch['input_ids'], batch['segment_ids'],
                             batch['attention_mask'], deterministic)
+    return self.mlm_logits(sequence, batch['masked_positions'])
+
+  def all_layers(self, batch: dict[str, Array], deterministic: bool = True) -> Array:
+    """[L + 1, B, T, d]: the embeddings' output, then each block's."""
+    return self.encoder(batch['input_ids'], batch['segment_ids'], batch['attention_mask'],
+                        deterministic, return_all_layers=True)
+
+  def mlm_logits(self, sequence: Array, masked_positions: Array) -> Array:
+    """sequence [B, T, d], masked_positions [B, P] -> logits [B, P, V] (tied embedding)."""
     embedding = self.encoder.variables['params']['embeddings']['token']['embedding']
-    return self.mlm_head(sequence, batch['masked_positions'], embedding)
+    return self.mlm_head(sequence, masked_positions, embedding)

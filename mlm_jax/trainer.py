@@ -25,10 +25,14 @@ from jax.experimental import multihost_utils
 
 from mlm_jax import checkpoint as ckpt_lib
 from mlm_jax import config_lib
+from mlm_jax import flops as flops_lib
 from mlm_jax import input_pipeline
 from mlm_jax import masking
+from mlm_jax import metrics as metrics_lib
 from mlm_jax import model as model_lib
 from mlm_jax import prepare as prepare_lib
+from mlm_jax import profiling
+from mlm_jax import run_summary
 from mlm_jax import sharding
 from mlm_jax import tokenizer as tok_lib
 from mlm_jax import train_step as step_lib
@@ -48,9 +52,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   data = _prepare_data(config)
   tokenizer = data.tokenizer
   masker = masking.make_masker(config.masking, tokenizer.vocab_size, data.unigram_counts)
+  resolved_config = _resolved_config(config, data)
   if is_main:
     shutil.copyfile(tokenizer.model_path, os.path.join(workdir, 'tokenizer.model'))
-    _write_config(workdir, config, data)
+    _write_config(workdir, resolved_config)
   logging.info('Data: %s (%d train rows, %d validation rows)', data.data_dir,
                data.stats['train']['rows'], data.stats['validation']['rows'])
 
@@ -103,7 +108,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   # ------------------------------------------------------------------ loop
   num_steps = config.train.num_steps
-  writer = _MetricsWriter(workdir, enabled=is_main)
+  profile = config.profile
+  writer = metrics_lib.MetricsWriter(
+      workdir, enabled=is_main, tensorboard=config.train.tensorboard,
+      hparams=metrics_lib.flatten(resolved_config), start_step=start_step)
+  profiler = profiling.StepProfiler(
+      workdir, profile.start_step, profile.num_steps, resumed_at=start_step,
+      trace_python=profile.trace_python)
+  # Tokens seen before this invocation: known if the run logged start_step.
+  earlier_tokens = run_summary.tokens_before(metrics_lib.read_metrics(workdir), start_step)
+  counters = run_summary.Counters()
   batches = input_pipeline.train_batches(
       data.source('train'), masker, global_batch=config.train.batch_size, seed=config.seed,
       start_step=start_step, process_index=jax.process_index(),
@@ -123,9 +137,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     with stop:
       while step < num_steps:
         batch = sharding.to_global(next(batches), mesh)
-        state, metrics = train_step(state, batch, dropout_rng)
+        with profiler.step_context(step + 1):
+          state, metrics = train_step(state, batch, dropout_rng)
         step += 1
         pending.append(metrics)
+        if profiler.after_step(step, (state, metrics)):
+          # Tracing slowed these steps and writing the trace took time: keep
+          # them out of tokens/s, like the compile step.
+          interval_start = time.perf_counter()
+          untimed = len(pending)
         if step == start_step + 1:
           # The first step compiles: time it alone and keep it out of tokens/s.
           jax.block_until_ready(metrics)
@@ -134,8 +154,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           untimed = 1
         progress.update(1)
 
-        if step % config.train.log_every == 0 or step == num_steps:
-          record = _summarise(jax.device_get(pending), untimed, time.perf_counter() - interval_start)
+        # A stop logs too: a resumed run then knows the tokens seen so far.
+        if step % config.train.log_every == 0 or step == num_steps or stop.requested:
+          host_metrics = jax.device_get(pending)
+          seconds = time.perf_counter() - interval_start
+          record = _summarise(host_metrics, untimed, seconds)
+          counters.add_interval(host_metrics, untimed, seconds)
+          if earlier_tokens is not None:
+            record['tokens_seen'] = earlier_tokens + counters.tokens
           untimed = 0
           _check_finite(record['loss'], step, checkpointer.directory)
           writer.write(step, record)
@@ -158,17 +184,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                           'to resume.', stop.signal_name, step)
           break
   finally:
+    profiler.stop()
+    writer.close()
     checkpointer.wait()
     checkpointer.close()
     progress.close()
 
-  summary = {'step': step, 'wall_time_s': time.perf_counter() - run_start, **last_eval}
+  summary = _run_summary(config, model_cfg, workdir, step=step, start_step=start_step,
+                         wall_time_s=time.perf_counter() - run_start, counters=counters,
+                         earlier_tokens=earlier_tokens, is_main=is_main)
+  if last_eval:
+    summary['eval_baseline_accuracy'] = last_eval['baseline_accuracy']
+    summary['eval_baseline_token'] = last_eval['baseline_token']
   if last_eval and is_main:
     ratio = last_eval['mlm_accuracy'] / max(last_eval['baseline_accuracy'], 1e-9)
     print(f'step {step}: eval MLM accuracy {last_eval["mlm_accuracy"]:.4f}, '
           f'eval loss {last_eval["loss"]:.4f}; always predicting the most frequent token '
           f'{last_eval["baseline_token"]!r} scores {last_eval["baseline_accuracy"]:.4f} '
           f'({ratio:.1f}x)', flush=True)
+  if is_main:
+    path = run_summary.write(workdir, summary)
+    print(f'Summary ({path}):\n{json.dumps(summary, indent=2)}', flush=True)
   return summary
 
 
@@ -219,17 +255,42 @@ def _checkpoint_meta(cfg: model_lib.ModelConfig) -> dict:
           'type_vocab_size': cfg.type_vocab_size}
 
 
-def _write_config(workdir: str, config: ml_collections.ConfigDict,
-                  data: prepare_lib.PreparedData) -> None:
+def _resolved_config(config: ml_collections.ConfigDict,
+                     data: prepare_lib.PreparedData) -> dict[str, Any]:
+  """The config as a dict, with what it resolved to on this machine under 'resolved'."""
   resolved = config.to_dict()
   resolved['resolved'] = {'data_dir': data.data_dir, 'vocab_size': data.tokenizer.vocab_size,
                           'padded_vocab_size': tok_lib.padded_vocab_size(data.tokenizer.vocab_size),
                           'num_devices': jax.device_count(), 'num_processes': jax.process_count(),
                           'backend': jax.default_backend()}
+  return resolved
+
+
+def _write_config(workdir: str, resolved: dict[str, Any]) -> None:
   tmp = os.path.join(workdir, 'config.json.tmp')
   with open(tmp, 'w') as f:
     json.dump(resolved, f, indent=2, default=str)
   os.replace(tmp, os.path.join(workdir, 'config.json'))
+
+
+def _run_summary(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig,
+                 workdir: str, *, step: int, start_step: int, wall_time_s: float,
+                 counters: run_summary.Counters, earlier_tokens: int | None,
+                 is_main: bool) -> dict[str, Any]:
+  """summary.json's content; losses and accuracies from metrics.jsonl (process 0)."""
+  flops_per_token = flops_lib.flops_per_token(
+      num_layers=model_cfg.num_layers, hidden_size=model_cfg.hidden_size,
+      intermediate_size=model_cfg.intermediate_size, seq_len=config.data.seq_len,
+      vocab_size=model_cfg.padded_vocab_size, max_predictions=config.masking.max_predictions)
+  device_kind = jax.devices()[0].device_kind
+  peak = flops_lib.peak_flops_per_device(device_kind, config.profile.peak_tflops)
+  return run_summary.build(
+      step=step, start_step=start_step, wall_time_s=wall_time_s, counters=counters,
+      earlier_tokens=earlier_tokens,
+      series=metrics_lib.read_metrics(workdir) if is_main else {},
+      flops_per_token=flops_per_token, peak_flops_per_device=peak,
+      num_devices=jax.device_count(), device_kind=device_kind,
+      mfu=flops_lib.mfu(counters.tokens_per_sec, flops_per_token, peak, jax.device_count()))
 
 
 def _summarise(metrics: list[dict[str, np.ndarray]], untimed: int,
@@ -286,24 +347,6 @@ def _evaluate(eval_step, state, data: prepare_lib.PreparedData, masker: masking.
           'num_masked': totals['weight_sum'],
           'baseline_accuracy': float(baseline_local[0] / max(baseline_local[1], 1.0)),
           'baseline_token': data.tokenizer.id_to_piece(top_token)}
-
-
-class _MetricsWriter:
-  """Appends one JSON line per record to WORKDIR/metrics.jsonl and logs it."""
-
-  def __init__(self, workdir: str, enabled: bool):
-    self._path = os.path.join(workdir, 'metrics.jsonl')
-    self._enabled = enabled
-
-  def write(self, step: int, record: dict[str, Any]) -> None:
-    if not self._enabled:
-      return
-    record = {'step': step, **record, 'time': time.time()}
-    logging.info('step %d: %s', step, ', '.join(
-        f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}'
-        for k, v in record.items() if k not in ('step', 'time')))
-    with open(self._path, 'a') as f:
-      f.write(json.dumps(record) + '\n')
 
 
 class _StopRequest:

@@ -1,0 +1,101 @@
+"""The end-of-run summary: WORKDIR/summary.json.
+
+Losses and accuracies come from metrics.jsonl, so they cover a run resumed
+over several invocations; speed and MFU are this invocation's (its compile
+step and evaluations left out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Counters:
+  """Tokens (real, non-padding) and timed seconds of this invocation."""
+
+  tokens: int = 0
+  timed_tokens: int = 0
+  timed_seconds: float = 0.0
+
+  def add_interval(self, metrics: Sequence[dict[str, np.ndarray]], untimed: int,
+                   seconds: float) -> None:
+    """`metrics` of a log interval whose first `untimed` steps are not in `seconds`."""
+    self.tokens += int(sum(int(m['num_tokens']) for m in metrics))
+    timed = metrics[untimed:]
+    if timed:
+      self.timed_tokens += int(sum(int(m['num_tokens']) for m in timed))
+      self.timed_seconds += seconds
+
+  @property
+  def tokens_per_sec(self) -> float | None:
+    return self.timed_tokens / self.timed_seconds if self.timed_seconds > 0 else None
+
+
+def tokens_before(series: dict[str, dict[int, float]], start_step: int) -> int | None:
+  """Tokens seen up to `start_step` by earlier invocations, if they logged that step."""
+  if start_step == 0:
+    return 0
+  seen = series.get('tokens_seen', {}).get(start_step)
+  return None if seen is None else int(seen)
+
+
+def _last(values: dict[int, float] | None) -> tuple[int | None, float | None]:
+  if not values:
+    return None, None
+  step = max(values)
+  return step, values[step]
+
+
+def build(*, step: int, start_step: int, wall_time_s: float, counters: Counters,
+          earlier_tokens: int | None, series: dict[str, dict[int, float]],
+          flops_per_token: float, peak_flops_per_device: float | None, num_devices: int,
+          device_kind: str, mfu: float | None) -> dict[str, Any]:
+  """The summary dict; None where a value is unknown (never a guess)."""
+  train_step, train_loss = _last(series.get('loss'))
+  _, train_acc = _last(series.get('mlm_accuracy'))
+  eval_step, eval_loss = _last(series.get('eval_loss'))
+  _, eval_acc = _last(series.get('eval_mlm_accuracy'))
+  accs = series.get('eval_mlm_accuracy') or {}
+  best_step = max(accs, key=lambda s: (accs[s], -s)) if accs else None
+  whole_run = earlier_tokens is not None
+  return {
+      'step': step,
+      'start_step': start_step,
+      'steps_this_invocation': step - start_step,
+      # Real (non-padding) tokens from step tokens_seen_from_step on: 0 when
+      # the count covers the whole run, start_step when earlier invocations
+      # did not log the step this one resumed from.
+      'tokens_seen': (earlier_tokens if whole_run else 0) + counters.tokens,
+      'tokens_seen_from_step': 0 if whole_run else start_step,
+      'wall_time_s': wall_time_s,
+      'final_train_step': train_step,
+      'final_train_loss': train_loss,
+      'final_train_mlm_accuracy': train_acc,
+      'final_eval_step': eval_step,
+      'final_eval_loss': eval_loss,
+      'final_eval_mlm_accuracy': eval_acc,
+      'best_eval_mlm_accuracy': accs[best_step] if accs else None,
+      'best_eval_step': best_step,
+      'mean_tokens_per_sec': counters.tokens_per_sec,
+      'flops_per_token': flops_per_token,
+      'num_devices': num_devices,
+      'device_kind': device_kind,
+      'peak_flops_per_device': peak_flops_per_device,
+      'mfu': mfu,
+  }
+
+
+def write(workdir: str, summary: dict[str, Any]) -> str:
+  path = os.path.join(workdir, 'summary.json')
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(summary, f, indent=2)
+  os.replace(tmp, path)
+  return path
