@@ -21,8 +21,10 @@ the end, so an interrupted prepare never leaves a half-written dataset.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import os
@@ -199,7 +201,9 @@ def _prepare_into(out: str, config: ml_collections.ConfigDict, fp: dict) -> None
       data_dir=os.path.join(out, 'tfds'), seq_len=data.seq_len,
       row_files={s: p.path for s, p in packers.items()})
   tfds.disable_progress_bar()
-  builder.download_and_prepare(file_format='array_record')
+  # tfds announces "downloading" on stdout; nothing is downloaded here.
+  with contextlib.redirect_stdout(io.StringIO()):
+    builder.download_and_prepare(file_format='array_record')
   for p in packers.values():
     os.remove(p.path)
   np.save(os.path.join(out, 'unigram_counts.npy'), counts)
