@@ -18,12 +18,19 @@ from mlm_jax import checkpoint
 from mlm_jax import config_lib
 from mlm_jax import corpus
 from mlm_jax import prepare
+from mlm_jax import sharding
 from mlm_jax import trainer
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.',
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and config.')
 flags.mark_flags_as_required(['config', 'workdir'])
+# Several processes (one per host) run the same command; see README "Multi-host".
+_COORDINATOR = flags.DEFINE_string(
+    'coordinator_address', '', 'host:port of process 0, for a run of several processes '
+    '(default: $JAX_COORDINATOR_ADDRESS; auto-detected on TPU slices and in SLURM jobs).')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', 1, 'Number of processes of the run.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', 0, 'This process\'s index in [0, num_processes).')
 
 # Errors caused by the user's input: shown as one line, without a traceback.
 _USER_ERRORS = (config_lib.ConfigError, corpus.CorpusError, prepare.DataDirError,
@@ -42,6 +49,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.INFO)
   logging.get_absl_handler().addFilter(_QuietLibraries())
+  sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   try:
     trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except _USER_ERRORS as e:

@@ -60,3 +60,20 @@ def prepared(corpus_glob, tmp_path_factory):
   from mlm_jax import prepare
   config = micro_config(corpus_glob, str(tmp_path_factory.mktemp('data') / 'micro'))
   return config, prepare.prepare(config)
+
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def write_config_file(path, corpus_glob: str, data_dir: str, **train) -> str:
+  """A config file for `python -m mlm_jax.train`: the micro config with train overrides."""
+  overrides = ''.join(f'  config.train.{k} = {v!r}\n' for k, v in train.items())
+  path.write_text(
+      'import sys\n'
+      f'sys.path.insert(0, {str(REPO)!r})\n'
+      'from tests.conftest import micro_config\n\n'
+      'def get_config():\n'
+      f'  config = micro_config({corpus_glob!r}, {data_dir!r})\n'
+      f'{overrides}'
+      '  return config\n')
+  return str(path)

@@ -16,7 +16,7 @@ import pytest
 from mlm_jax import checkpoint
 from mlm_jax import train_step as step_lib
 from mlm_jax import trainer
-from tests.conftest import micro_config
+from tests.conftest import micro_config, write_config_file
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -83,19 +83,6 @@ def test_resume_with_another_model_shape_is_refused(prepared, tmp_path):
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['4']
 
 
-def _write_config_file(path, corpus_glob, data_dir, **train):
-  overrides = ''.join(f'  config.train.{k} = {v!r}\n' for k, v in train.items())
-  path.write_text(
-      'import sys\n'
-      f'sys.path.insert(0, {str(REPO)!r})\n'
-      'from tests.conftest import micro_config\n\n'
-      'def get_config():\n'
-      f'  config = micro_config({corpus_glob!r}, {data_dir!r})\n'
-      f'{overrides}'
-      '  return config\n')
-  return str(path)
-
-
 def _train_cmd(config_file, workdir):
   return [sys.executable, '-m', 'mlm_jax.train', f'--config={config_file}', f'--workdir={workdir}']
 
@@ -104,7 +91,7 @@ def _train_cmd(config_file, workdir):
 def test_signal_saves_a_checkpoint_and_rerun_continues_the_schedule(prepared, tmp_path, sig):
   config, data = prepared
   num_steps = 60
-  config_file = _write_config_file(
+  config_file = write_config_file(
       tmp_path / 'micro.py', config.data.corpus, data.data_dir, num_steps=num_steps,
       warmup_steps=20, log_every=1, eval_every=1000, checkpoint_every=1000)
   workdir = str(tmp_path / 'run')
@@ -148,7 +135,7 @@ def test_bad_input_is_one_clear_line_before_anything_runs(prepared, tmp_path):
       ('--config.data.corpus=/no/such/place/*.txt', 'the glob matches no files'),
       ('--config.train.batch_size=12', 'not divisible by the 8 devices'),
   ]
-  config_file = _write_config_file(tmp_path / 'micro.py', config.data.corpus, data.data_dir)
+  config_file = write_config_file(tmp_path / 'micro.py', config.data.corpus, data.data_dir)
   env = dict(os.environ)
   for flag, words in cases:
     workdir = tmp_path / 'run'

@@ -1,0 +1,63 @@
+"""Several processes: JAX's distributed runtime on 127.0.0.1 with gloo collectives."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+from tests.conftest import REPO, write_config_file
+
+NUM_STEPS = 4
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _env(devices_per_process: int) -> dict:
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices_per_process}'
+  env['JAX_PLATFORMS'] = 'cpu'
+  return env
+
+
+def _train_losses(config_file: str, workdir: str, num_processes: int, devices: int) -> list:
+  cmd = [sys.executable, '-m', 'mlm_jax.train', f'--config={config_file}', f'--workdir={workdir}']
+  if num_processes > 1:
+    port = _free_port()
+    procs = [subprocess.Popen(cmd + [f'--coordinator_address=127.0.0.1:{port}',
+                                     f'--num_processes={num_processes}', f'--process_id={i}'],
+                              cwd=REPO, env=_env(devices), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for i in range(num_processes)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+      assert p.returncode == 0, err[-3000:]
+  else:
+    out = subprocess.run(cmd, cwd=REPO, env=_env(devices), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  return [(r['step'], r['loss']) for r in records if 'loss' in r]
+
+
+def test_two_processes_of_four_devices_match_one_of_eight_and_one_device(prepared, tmp_path):
+  config, data = prepared
+  config_file = write_config_file(tmp_path / 'micro.py', config.data.corpus, data.data_dir,
+                                  num_steps=NUM_STEPS, log_every=1, eval_every=NUM_STEPS,
+                                  checkpoint_every=NUM_STEPS)
+  two = _train_losses(config_file, str(tmp_path / 'p2x4'), num_processes=2, devices=4)
+  eight = _train_losses(config_file, str(tmp_path / 'p1x8'), num_processes=1, devices=8)
+  one = _train_losses(config_file, str(tmp_path / 'p1x1'), num_processes=1, devices=1)
+  print('losses 2x4:', two, '1x8:', eight, '1x1:', one)
+  assert [s for s, _ in two] == [s for s, _ in eight] == [s for s, _ in one] == [1, 2, 3, 4]
+  np.testing.assert_allclose([l for _, l in two], [l for _, l in eight], rtol=1e-5)
+  np.testing.assert_allclose([l for _, l in two], [l for _, l in one], rtol=1e-5)
+  # Only process 0 wrote metrics (one record per step), and both wrote the checkpoint.
+  assert os.path.isdir(tmp_path / 'p2x4' / 'checkpoints' / str(NUM_STEPS))
