@@ -91,6 +91,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.batch_size = 256
   # Total optimiser steps.
   config.train.num_steps = 1_000_000
+  # Split each global batch into this many micro-batches inside the step
+  # (same update, less memory); batch_size must divide by devices x this.
+  config.train.grad_accum_steps = 1
   # Peak learning rate.
   config.train.learning_rate = 1e-4
   # Steps of linear warm-up from 0 to the peak; then linear decay to 0.

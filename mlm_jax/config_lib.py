@@ -79,11 +79,17 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     _check(p.num_steps == 0 or p.start_step >= 1,
            f'config.profile.start_step={p.start_step} must be >= 1 (the first step is 1).')
     _check(p.peak_tflops >= 0, 'config.profile.peak_tflops must be >= 0 (0: from the chip).')
+  _check(tr.grad_accum_steps >= 1,
+         f'config.train.grad_accum_steps={tr.grad_accum_steps} must be at least 1.')
   if num_devices is not None:
     for field, value in (('train.batch_size', tr.batch_size), ('eval.batch_size', ev.batch_size)):
       _check(value % num_devices == 0,
              f'config.{field}={value} is not divisible by the {num_devices} devices; '
              f'use a multiple of {num_devices}.')
+    unit = num_devices * tr.grad_accum_steps
+    _check(tr.batch_size % unit == 0,
+           f'config.train.batch_size={tr.batch_size} is not divisible by {num_devices} devices '
+           f'x config.train.grad_accum_steps={tr.grad_accum_steps}; use a multiple of {unit}.')
   if config.init.hf_dir:
     hf_dir = os.path.expanduser(config.init.hf_dir)
     _check(os.path.isdir(hf_dir), f'config.init.hf_dir={config.init.hf_dir!r}: no such directory.')

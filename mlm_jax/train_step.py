@@ -61,21 +61,45 @@ def mlm_loss_terms(logits: Array, masked_ids: Array, weights: Array) -> dict[str
   }
 
 
-def make_train_step(schedule: optax.Schedule) -> Callable:
-  """Returns train_step(state, batch, rng) -> (state, metrics); jit it with donation."""
+def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1) -> Callable:
+  """Returns train_step(state, batch, rng) -> (state, metrics); jit it with donation.
+
+  With grad_accum_steps = k > 1 the global batch [B, ...] is processed as k
+  micro-batches of B/k rows inside the step, and the summed gradients are
+  divided once by the masked-token count of the whole batch, so the update is
+  the one a single batch of B rows would give (dropout aside), not a mean of
+  micro-batch means. Micro-batch i takes rows i, i+k, i+2k, ...: every device
+  keeps contributing its own rows, with no data movement.
+  """
 
   def train_step(state: TrainState, batch: Batch, rng: Array):
     dropout_rng = jax.random.fold_in(rng, state.step)
 
-    def loss_fn(params):
-      logits = state.apply_fn({'params': params}, batch, deterministic=False,
-                              rngs={'dropout': dropout_rng})
-      terms = mlm_loss_terms(logits, batch['masked_ids'], batch['masked_weights'])
-      return terms['loss_sum'] / jnp.maximum(terms['weight_sum'], 1.0), terms
+    def sums_fn(params, micro: Batch, key: Array):
+      logits = state.apply_fn({'params': params}, micro, deterministic=False,
+                              rngs={'dropout': key})
+      terms = mlm_loss_terms(logits, micro['masked_ids'], micro['masked_weights'])
+      return terms['loss_sum'], terms
 
-    grads, terms = jax.grad(loss_fn, has_aux=True)(state.params)
+    grad_fn = jax.grad(sums_fn, has_aux=True)
+    if grad_accum_steps == 1:
+      grad_sums, terms = grad_fn(state.params, batch, dropout_rng)
+    else:
+      k = grad_accum_steps
+      micro_batches = jax.tree_util.tree_map(                      # [k, B/k, ...]
+          lambda x: jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1), batch)
+
+      def accumulate(carry, xs):
+        micro, i = xs
+        grads, terms = grad_fn(state.params, micro, jax.random.fold_in(dropout_rng, i))
+        return jax.tree_util.tree_map(jnp.add, carry, (grads, terms)), None
+
+      zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params),
+               dict.fromkeys(('loss_sum', 'correct_sum', 'weight_sum'), jnp.zeros(())))
+      (grad_sums, terms), _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(k)))
+    denom = jnp.maximum(terms['weight_sum'], 1.0)   # Global |M| of the whole batch.
+    grads = jax.tree_util.tree_map(lambda g: g / denom, grad_sums)
     new_state = state.apply_gradients(grads=grads)
-    denom = jnp.maximum(terms['weight_sum'], 1.0)
     metrics = {
         'loss': terms['loss_sum'] / denom,
         'mlm_accuracy': terms['correct_sum'] / denom,

@@ -98,7 +98,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   # ----------------------------------------------------------------- steps
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-  train_step = jax.jit(step_lib.make_train_step(schedule),
+  train_step = jax.jit(step_lib.make_train_step(schedule, config.train.grad_accum_steps),
                        in_shardings=(repl, batch_sh, repl), out_shardings=(repl, repl),
                        donate_argnums=0)
   eval_step = jax.jit(step_lib.eval_step, in_shardings=(repl, batch_sh), out_shardings=repl)

@@ -170,3 +170,27 @@ def test_mlm_head_embedding_is_tied_to_the_input_embedding():
   a = state.apply_fn({'params': state.params}, batch)
   b = state.apply_fn({'params': params}, batch)
   assert not np.allclose(a[..., V - 1], b[..., V - 1])
+
+
+def test_grad_accumulation_matches_one_big_batch():
+  batch = {k: np.concatenate([a, b]) for (k, a), b in zip(_batch(0).items(), _batch(1).values())}
+  # Micro-batches get different masked-token counts, so a mean of micro-batch
+  # means would differ from the global mean.
+  batch['masked_weights'][::4, 1:] = 0
+  cfg = _cfg(dropout_rate=0.0, attention_dropout_rate=0.0)
+  mesh = sharding.make_mesh()
+  repl = sharding.replicated(mesh)
+  results = []
+  for k in (1, 4):
+    state = jax.device_put(_state(cfg, batch), repl)
+    step = jax.jit(step_lib.make_train_step(step_lib.learning_rate_schedule(_train_config()), k),
+                   in_shardings=(repl, sharding.batch_sharding(mesh), repl),
+                   out_shardings=(repl, repl))
+    state = step(state, sharding.to_global(batch, mesh), jax.random.key(5))[0]
+    state, metrics = step(state, sharding.to_global(batch, mesh), jax.random.key(5))
+    results.append((float(metrics['loss']), float(metrics['grad_norm']), state.params))
+  (loss1, norm1, params1), (loss4, norm4, params4) = results
+  assert loss1 == pytest.approx(loss4, rel=1e-5)
+  assert norm1 == pytest.approx(norm4, rel=1e-4)
+  for a, b in zip(jax.tree_util.tree_leaves(params1), jax.tree_util.tree_leaves(params4)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
