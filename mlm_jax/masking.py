@@ -32,12 +32,18 @@ def _mix(x: np.ndarray) -> np.ndarray:
   return x ^ (x >> np.uint64(31))
 
 
-def uniform(seed: int, step: int, rows: np.ndarray, width: int, stream: int) -> np.ndarray:
-  """[len(rows), width] float64 in [0, 1), a pure function of its arguments."""
+def uniform(seed: int, step: int, rows: np.ndarray, width: int, stream: int,
+            positions: np.ndarray | None = None) -> np.ndarray:
+  """Uniforms in [0, 1), a pure function of (seed, stream, step, row, position).
+
+  [len(rows), width] for every position of each row, or, given positions
+  [len(rows), P], the same values at just those positions.
+  """
   key = np.array([seed, stream, step], np.uint64)
   k = _mix(_mix(_mix(key[:1] * np.uint64(0x9E3779B97F4A7C15) + key[1:2]) + key[2:3]))
-  counter = (rows.astype(np.uint64)[:, None] * np.uint64(width)
-             + np.arange(width, dtype=np.uint64)[None, :])
+  if positions is None:
+    positions = np.arange(width)[None, :]
+  counter = rows.astype(np.uint64)[:, None] * np.uint64(width) + positions.astype(np.uint64)
   bits = _mix(k + _mix(counter + np.uint64(0x632BE59BD9B4E019)))
   return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
@@ -98,10 +104,10 @@ class Masker:
     targets = np.where(valid, input_ids[row_idx, positions], 0)
 
     # What each selected position becomes.
-    action = uniform(seed, step, rows, t, _ACTION)[row_idx, positions]
+    action = uniform(seed, step, rows, t, _ACTION, positions)
     to_mask = valid & (action < self.mask_prob)
     to_random = valid & ~to_mask & (action < self.mask_prob + self.random_prob)
-    draw = uniform(seed, step, rows, t, _TOKEN)[row_idx, positions]
+    draw = uniform(seed, step, rows, t, _TOKEN, positions)
     random_ids = np.searchsorted(self._cdf, draw * self._cdf[-1], side='right')
     random_ids = np.minimum(random_ids, len(self._cdf) - 1)
 
