@@ -91,6 +91,8 @@ preemptible=0 spot=0 queued=0 dry_run=0
 train_flags=()
 
 # Stores the value of an option that takes one ("--opt VALUE" or "--opt=VALUE").
+# Option parsing is repeated in the other launcher on purpose: sbatch runs a
+# spooled copy of a script, so a sourced helper file would not be found.
 set_option() {
   local key=${1#--}
   key=${key//-/_}

@@ -47,13 +47,7 @@ class Checkpointer:
   def restore(self, step: int, state: Any, meta: dict) -> Any:
     """Restores onto the shardings of `state` (may be abstract) after checking meta."""
     saved = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-    saved_meta = saved['meta']
-    diff = {k: (saved_meta.get(k), v) for k, v in meta.items() if saved_meta.get(k) != v}
-    if diff:
-      details = '; '.join(f'{k}: checkpoint {a!r}, config {b!r}' for k, (a, b) in diff.items())
-      raise CheckpointMismatchError(
-          f'checkpoint {self.directory}/{step} does not fit this config ({details}). '
-          'Use the config the run was started with, or a new --workdir.')
+    check_meta(saved['meta'], meta, f'{self.directory}/{step}')
     target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _tree(state))
     try:
       restored = self._manager.restore(
@@ -69,6 +63,16 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+
+def check_meta(saved: dict, expected: dict, where: str) -> None:
+  """Raises CheckpointMismatchError naming every field where `saved` != `expected`."""
+  diff = {k: (saved.get(k), v) for k, v in expected.items() if saved.get(k) != v}
+  if diff:
+    details = '; '.join(f'{k}: checkpoint {a!r}, config {b!r}' for k, (a, b) in diff.items())
+    raise CheckpointMismatchError(
+        f'checkpoint {where} does not fit this config ({details}). '
+        'Use the config the run was started with, or a new --workdir.')
 
 
 def _tree(state: Any) -> dict:

@@ -50,6 +50,15 @@ def train_batches(source: Any, masker: masking.Masker, *, global_batch: int, see
   return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=prefetch)))
 
 
+def eval_batch_size(num_rows: int, requested: int, num_devices: int) -> int:
+  """The eval batch: `requested`, but not padded past a smaller split.
+
+  Padding rows cost as much compute as real ones; the result stays a multiple
+  of the device count.
+  """
+  return min(requested, -(-num_rows // num_devices) * num_devices)
+
+
 def eval_batches(source: Any, masker: masking.Masker, *, global_batch: int, mask_seed: int,
                  max_batches: int = 0, process_index: int = 0,
                  process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:

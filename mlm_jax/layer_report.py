@@ -33,7 +33,6 @@ from mlm_jax import input_pipeline
 from mlm_jax import masking
 from mlm_jax import model as model_lib
 from mlm_jax import prepare as prepare_lib
-from mlm_jax import tokenizer as tok_lib
 from mlm_jax import train_step as step_lib
 from mlm_jax import workdir as workdir_lib
 
@@ -74,9 +73,8 @@ def layer_report(workdir: str, *, max_batches: int | None = None,
                                data.tokenizer.vocab_size, data.unigram_counts)
   source = data.source('validation')
   # The batch size the run evaluated with: the masks depend on it.
-  num_devices = config['resolved']['num_devices']
-  global_batch = min(config['eval']['batch_size'],
-                     -(-len(source) // num_devices) * num_devices)
+  global_batch = input_pipeline.eval_batch_size(
+      len(source), config['eval']['batch_size'], config['resolved']['num_devices'])
   if max_batches is None:
     max_batches = config['eval']['max_batches']
 
@@ -85,9 +83,7 @@ def layer_report(workdir: str, *, max_batches: int | None = None,
   layer_terms = _layer_terms_fn(model)
   num_layers = run.model_cfg.num_layers + 1
   totals = {k: np.zeros(num_layers) for k in ('loss_sum', 'correct_sum', 'weight_sum')}
-  counts = data.unigram_counts.astype(np.float64).copy()
-  counts[list(tok_lib.SPECIAL_IDS)] = 0
-  top_token = int(np.argmax(counts))
+  top_token = data.most_frequent_token()
   baseline = np.zeros(2)  # [hits, masked]
   num_batches = 0
   for batch in input_pipeline.eval_batches(source, masker, global_batch=global_batch,

@@ -37,6 +37,12 @@ class ModelConfig:
   layer_norm_eps: float = 1e-12
   dtype: Any = jnp.float32   # Compute dtype; parameters are always float32.
 
+  def shape_record(self) -> dict[str, int]:
+    """What a checkpoint's parameters must agree with to be loaded into this model."""
+    return {k: getattr(self, k) for k in (
+        'vocab_size', 'padded_vocab_size', 'num_layers', 'hidden_size', 'num_heads',
+        'intermediate_size', 'max_position_embeddings', 'type_vocab_size')}
+
   @classmethod
   def from_config(cls, model_config, vocab_size: int, padded_vocab_size: int,
                   dtype: Any) -> 'ModelConfig':

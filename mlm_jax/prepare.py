@@ -59,6 +59,12 @@ class PreparedData:
   def rows_dir(self) -> str:
     return os.path.join(self.data_dir, 'tfds', _PackedRows.name, str(_PackedRows.VERSION))
 
+  def most_frequent_token(self) -> int:
+    """The train split's most frequent normal (non-special) token id."""
+    counts = self.unigram_counts.astype(np.float64).copy()
+    counts[list(tok_lib.SPECIAL_IDS)] = 0
+    return int(np.argmax(counts))
+
   def source(self, split: str):
     """A random-access source of {'input_ids': int32[T]} rows."""
     builder = tfds.builder_from_directory(self.rows_dir)

@@ -25,13 +25,20 @@ class Counters:
   timed_seconds: float = 0.0
 
   def add_interval(self, metrics: Sequence[dict[str, np.ndarray]], untimed: int,
-                   seconds: float) -> None:
-    """`metrics` of a log interval whose first `untimed` steps are not in `seconds`."""
-    self.tokens += int(sum(int(m['num_tokens']) for m in metrics))
-    timed = metrics[untimed:]
-    if timed:
-      self.timed_tokens += int(sum(int(m['num_tokens']) for m in timed))
-      self.timed_seconds += seconds
+                   seconds: float) -> dict[str, float]:
+    """Counts a log interval whose first `untimed` steps are not in `seconds`.
+
+    Returns the interval's speed (tokens_per_sec, step_time_s), or nothing
+    when no step of it was timed (the compile step alone, say).
+    """
+    tokens = [int(m['num_tokens']) for m in metrics]
+    self.tokens += sum(tokens)
+    timed = tokens[untimed:]
+    if not timed:
+      return {}
+    self.timed_tokens += sum(timed)
+    self.timed_seconds += seconds
+    return {'tokens_per_sec': sum(timed) / seconds, 'step_time_s': seconds / len(timed)}
 
   @property
   def tokens_per_sec(self) -> float | None:

@@ -82,7 +82,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   checkpointer = ckpt_lib.Checkpointer(
       os.path.join(workdir, 'checkpoints'), every=config.train.checkpoint_every,
       keep=config.train.keep_checkpoints)
-  meta = _checkpoint_meta(model_cfg)
+  meta = model_cfg.shape_record()
   # Resume order: this workdir's latest checkpoint, else a Hugging Face BERT.
   start_step = checkpointer.latest_step() or 0
   if start_step:
@@ -158,8 +158,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if step % config.train.log_every == 0 or step == num_steps or stop.requested:
           host_metrics = jax.device_get(pending)
           seconds = time.perf_counter() - interval_start
-          record = _summarise(host_metrics, untimed, seconds)
-          counters.add_interval(host_metrics, untimed, seconds)
+          record = _summarise(host_metrics)
+          record.update(counters.add_interval(host_metrics, untimed, seconds))
           if earlier_tokens is not None:
             record['tokens_seen'] = earlier_tokens + counters.tokens
           untimed = 0
@@ -246,15 +246,6 @@ def _example_batch(seq_len: int, max_predictions: int) -> dict[str, jax.Array]:
           'masked_weights': jnp.zeros((1, max_predictions), jnp.float32)}
 
 
-def _checkpoint_meta(cfg: model_lib.ModelConfig) -> dict:
-  """What a checkpoint's parameters must agree with to be restored."""
-  return {'vocab_size': cfg.vocab_size, 'padded_vocab_size': cfg.padded_vocab_size,
-          'num_layers': cfg.num_layers, 'hidden_size': cfg.hidden_size,
-          'num_heads': cfg.num_heads, 'intermediate_size': cfg.intermediate_size,
-          'max_position_embeddings': cfg.max_position_embeddings,
-          'type_vocab_size': cfg.type_vocab_size}
-
-
 def _resolved_config(config: ml_collections.ConfigDict,
                      data: prepare_lib.PreparedData) -> dict[str, Any]:
   """The config as a dict, with what it resolved to on this machine under 'resolved'."""
@@ -293,26 +284,16 @@ def _run_summary(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelCo
       mfu=flops_lib.mfu(counters.tokens_per_sec, flops_per_token, peak, jax.device_count()))
 
 
-def _summarise(metrics: list[dict[str, np.ndarray]], untimed: int,
-               seconds: float) -> dict[str, float]:
-  """Means over a log interval; loss and accuracy weighted by masked tokens.
-
-  The first `untimed` steps count for the loss but not for speed (their time
-  is not in `seconds`); an interval with no timed step reports no speed.
-  """
+def _summarise(metrics: list[dict[str, np.ndarray]]) -> dict[str, float]:
+  """Means over a log interval; loss and accuracy weighted by masked tokens."""
   masked = np.array([m['num_masked'] for m in metrics], np.float64)
   weights = masked / max(masked.sum(), 1.0)
-  record = {
+  return {
       'loss': float(sum(w * m['loss'] for w, m in zip(weights, metrics))),
       'mlm_accuracy': float(sum(w * m['mlm_accuracy'] for w, m in zip(weights, metrics))),
       'learning_rate': float(metrics[-1]['learning_rate']),
       'grad_norm': float(np.mean([m['grad_norm'] for m in metrics])),
   }
-  timed = metrics[untimed:]
-  if timed:
-    record['tokens_per_sec'] = float(sum(m['num_tokens'] for m in timed)) / seconds
-    record['step_time_s'] = seconds / len(timed)
-  return record
 
 
 def _evaluate(eval_step, state, data: prepare_lib.PreparedData, masker: masking.Masker,
@@ -322,15 +303,11 @@ def _evaluate(eval_step, state, data: prepare_lib.PreparedData, masker: masking.
   Also scores the trivial baseline that always predicts the train split's most
   frequent normal token, on the same masked slots.
   """
-  counts = data.unigram_counts.astype(np.float64).copy()
-  counts[list(tok_lib.SPECIAL_IDS)] = 0
-  top_token = int(np.argmax(counts))
+  top_token = data.most_frequent_token()
   totals = {'loss_sum': 0.0, 'correct_sum': 0.0, 'weight_sum': 0.0}
   baseline_local = np.zeros(2)  # [hits, masked] on this process's rows
   source = data.source('validation')
-  # A split smaller than one batch is not padded up to it: padding rows cost
-  # as much compute as real ones.
-  global_batch = min(config.eval.batch_size, -(-len(source) // mesh.size) * mesh.size)
+  global_batch = input_pipeline.eval_batch_size(len(source), config.eval.batch_size, mesh.size)
   for host_batch in input_pipeline.eval_batches(
       source, masker, global_batch=global_batch,
       mask_seed=config.eval.mask_seed, max_batches=config.eval.max_batches,

@@ -41,11 +41,6 @@ def load(workdir: str, step: int | None = None) -> TrainedRun:
   model_cfg = model_lib.ModelConfig.from_config(
       config['model'], resolved['vocab_size'], resolved['padded_vocab_size'], jnp.float32)
   step, params, meta = ckpt_lib.restore_params(os.path.join(workdir, 'checkpoints'), step)
-  expected = {'vocab_size': model_cfg.vocab_size, 'padded_vocab_size': model_cfg.padded_vocab_size,
-              'hidden_size': model_cfg.hidden_size, 'num_layers': model_cfg.num_layers}
-  diff = {k: (meta.get(k), v) for k, v in expected.items() if meta.get(k) != v}
-  if diff:
-    raise ckpt_lib.CheckpointMismatchError(
-        f'checkpoint {step} of {workdir} does not fit its config.json: {diff}')
+  ckpt_lib.check_meta(meta, model_cfg.shape_record(), f'{step} of {workdir}')
   tokenizer = tok_lib.Tokenizer(os.path.join(workdir, 'tokenizer.model'))
   return TrainedRun(workdir, step, config, model_cfg, params, tokenizer)

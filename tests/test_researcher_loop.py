@@ -239,7 +239,9 @@ def test_summary_json(run):
 
 def test_summary_counts_only_this_invocation_when_the_resume_step_was_not_logged():
   counters = run_summary.Counters()
-  counters.add_interval([{'num_tokens': 100}, {'num_tokens': 90}], untimed=1, seconds=2.0)
+  speed = counters.add_interval([{'num_tokens': 100}, {'num_tokens': 90}], untimed=1, seconds=2.0)
+  assert speed == {'tokens_per_sec': 45.0, 'step_time_s': 2.0}  # The untimed step left out.
+  assert run_summary.Counters().add_interval([{'num_tokens': 7}], untimed=1, seconds=0.0) == {}
   series = {'tokens_seen': {4: 400.0}, 'eval_mlm_accuracy': {4: 0.3, 8: 0.5, 12: 0.5}}
   assert run_summary.tokens_before(series, 4) == 400
   assert run_summary.tokens_before(series, 6) is None
