@@ -1,36 +1,165 @@
-"""Where text comes from: the embedded default corpus or the user's files.
+"""Where text comes from: the embedded default corpus, the user's files or a tfds dataset.
 
 The default corpus exists on every machine with Python: the docstrings of the
 standard library (~1.6 MB of English technical prose), read with `ast` from
 the source files, never by importing the modules. Each docstring is one
 document.
 
-User corpora are plain-text files given as a path, a directory or a glob;
-each file is split into documents at blank lines (`document_split=
-'blank_line'`) or is one document (`'file'`).
+User files (`config.data.corpus`: paths, directories or globs, comma
+separated) are `.txt` (or any other name: plain text) or `.jsonl` (one JSON
+object per line, its `config.data.text_key` field is one document), each
+possibly gzipped (`.gz`). A text file is split into documents at blank lines
+(`document_split='blank_line'`) or is one document (`'file'`). A tfds dataset
+already prepared on disk in array_record format (`config.data.tfds_name`) gives
+one document per record.
+
+Bad input never stops a prepare and never disappears silently: every input
+that is skipped (missing, empty, binary, unreadable, a jsonl line that is not
+JSON or lacks the key) or repaired (invalid UTF-8 replaced, CRLF line endings,
+a document cut into pieces) is counted in a `Tally`, which prepare reports.
+
+Reading streams: a document comes out as pieces of at most PIECE_CHARS
+characters cut at whitespace, so a 100 MB line never sits in memory whole.
 """
 
 from __future__ import annotations
 
 import ast
+import codecs
+import dataclasses
+import functools
 import glob
+import gzip
 import hashlib
+import io
 import json
 import os
-import re
 import sys
 import sysconfig
+import zlib
 from collections.abc import Iterator
+from typing import Any
+
+import ml_collections
 
 # Standard-library folders that are tests, third-party code or tooling rather
 # than documentation.
 _SKIP_DIRS = frozenset({'site-packages', 'dist-packages', 'test', 'tests',
                         'idlelib', 'lib2to3', '__pycache__', 'turtledemo'})
-_BLANK_LINE = re.compile(r'\n[ \t\r\f\v]*\n')
+# What a blank line may hold (the characters of the old r'\n[ \t\r\f\v]*\n').
+_BLANK = ' \t\r\f\v\n'
+# Documents longer than this are read and tokenized in pieces of this size.
+PIECE_CHARS = 1 << 20
+# A jsonl line longer than this is skipped: json needs it whole in memory.
+MAX_RECORD_CHARS = 64 << 20
+# Files are grouped into units of work of about this many bytes.
+UNIT_BYTES = 16 << 20
+# Records of a tfds split per unit of work.
+TFDS_RECORDS_PER_UNIT = 10_000
+# Bytes sniffed for NULs: a file holding one is binary, not text.
+_SNIFF_BYTES = 8192
+_REPLACE_ERRORS = 'mlm_jax.replace_counted'
+_replaced_bytes = [0]
+
+
+def _replace_counted(e: UnicodeDecodeError) -> tuple[str, int]:
+  """Python's 'replace' decoding (one U+FFFD per invalid run), counting the bytes."""
+  _replaced_bytes[0] += e.end - e.start
+  return '\ufffd', e.end
+
+
+codecs.register_error(_REPLACE_ERRORS, _replace_counted)
 
 
 class CorpusError(ValueError):
-  """The corpus option does not name any usable text."""
+  """The corpus options do not name any usable text."""
+
+
+class Tally:
+  """Counts of skipped and repaired input, and which inputs they were.
+
+  `counts` keys: files_used; missing, empty_glob, empty_dir (named by the
+  config but holding no file); empty, binary, no_text, read_error (files
+  skipped, or cut short by a read error); not_json, missing_key, long_record
+  (jsonl lines skipped); invalid_utf8_files, invalid_utf8_bytes, crlf_files,
+  long_documents (used after repair).
+  """
+
+  KEYS = ('files_used', 'missing', 'empty_glob', 'empty_dir', 'empty', 'binary', 'no_text',
+          'read_error', 'not_json', 'missing_key', 'long_record', 'invalid_utf8_files',
+          'invalid_utf8_bytes', 'crlf_files', 'long_documents')
+
+  def __init__(self):
+    self.counts = dict.fromkeys(self.KEYS, 0)
+    self.skipped: list[dict] = []  # {'input', 'reason', 'count'?, 'lines'?}
+    self.repaired: list[dict] = []  # {'input', 'reason', 'count'}
+    self._lines: dict[tuple[str, str], dict] = {}
+
+  def skip(self, name: str, key: str, reason: str) -> None:
+    self.counts[key] += 1
+    self.skipped.append({'input': name, 'reason': reason})
+
+  def skip_line(self, name: str, key: str, lineno: int, reason: str) -> None:
+    """A skipped jsonl line: one entry per (file, reason) with a count and line numbers."""
+    self.counts[key] += 1
+    entry = self._lines.get((name, key))
+    if entry is None:
+      entry = self._lines[name, key] = {'input': name, 'reason': reason, 'count': 0, 'lines': []}
+      self.skipped.append(entry)
+    entry['count'] += 1
+    if len(entry['lines']) < 10:
+      entry['lines'].append(lineno)
+
+  def repair(self, name: str, key: str, reason: str, count: int = 1) -> None:
+    self.counts[key] += count
+    self.repaired.append({'input': name, 'reason': reason, 'count': count})
+
+  def to_json(self) -> dict:
+    return {'counts': dict(self.counts), 'skipped': list(self.skipped),
+            'repaired': list(self.repaired)}
+
+  def add(self, other: dict) -> None:
+    """Adds a `to_json()` of another tally (e.g. of one unit of work)."""
+    for k, v in other['counts'].items():
+      self.counts[k] += v
+    self.skipped += other['skipped']
+    self.repaired += other['repaired']
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+  """A slice of the corpus that one worker reads: some files or a range of records."""
+  files: tuple[str, ...] = ()
+  start: int = 0  # tfds record range [start, stop)
+  stop: int = 0
+
+
+@dataclasses.dataclass
+class Corpus:
+  """A resolved corpus: its units of work in reading order and how to read them."""
+  kind: str  # 'stdlib', 'files' or 'tfds'
+  name: str  # For messages: the config option that named it.
+  units: list[Unit]
+  description: dict  # Identity for the data dir fingerprint.
+  tally: Tally  # Inputs skipped while resolving (missing paths, empty globs).
+  document_split: str = 'blank_line'
+  text_key: str = 'text'
+  tfds_source: Any = None  # A random-access tfds source; pickles to workers.
+
+  def pieces(self, unit: Unit, tally: Tally) -> Iterator[tuple[bool, str]]:
+    """(starts_a_document, text) for every piece of every document of `unit`, in order."""
+    if self.kind == 'stdlib':
+      for path in unit.files:
+        for doc in _file_docstrings(path):
+          yield True, doc
+    elif self.kind == 'files':
+      for path in unit.files:
+        yield from _file_pieces(path, self.document_split, self.text_key, tally)
+    else:
+      yield from _tfds_pieces(self.tfds_source, unit, self.name, self.text_key, tally)
+
+
+# ---------------------------------------------------------------- default corpus
 
 
 def stdlib_files() -> list[str]:
@@ -42,78 +171,99 @@ def stdlib_files() -> list[str]:
   return files
 
 
+def _file_docstrings(path: str) -> Iterator[str]:
+  try:
+    with open(path, 'rb') as f:
+      tree = ast.parse(f.read(), filename=path)
+  except (SyntaxError, ValueError, OSError):
+    return  # A few files target other Python versions; skip them.
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+      doc = ast.get_docstring(node, clean=True)
+      if doc and doc.strip():
+        yield doc.strip()
+
+
 def stdlib_docstrings() -> Iterator[str]:
   """Every module, class and function docstring of the standard library."""
   for path in stdlib_files():
-    try:
-      with open(path, 'rb') as f:
-        tree = ast.parse(f.read(), filename=path)
-    except (SyntaxError, ValueError, OSError):
-      continue  # A few files target other Python versions; skip them.
-    for node in ast.walk(tree):
-      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
-                           ast.AsyncFunctionDef)):
-        doc = ast.get_docstring(node, clean=True)
-        if doc and doc.strip():
-          yield doc.strip()
+    yield from _file_docstrings(path)
 
 
-def resolve_files(spec: str) -> list[str]:
-  """The sorted text files named by a path, a directory or a glob."""
-  if any(ch in spec for ch in '*?['):
-    files = sorted(p for p in glob.glob(os.path.expanduser(spec), recursive=True)
-                   if os.path.isfile(p))
-    if not files:
-      raise CorpusError(f'config.data.corpus={spec!r}: the glob matches no files.')
-    return files
+# ---------------------------------------------------------------- resolving
+
+
+def _expand(spec: str) -> tuple[list[str], str, str]:
+  """(files, tally key, reason) for one path, directory or glob; key set iff no files."""
   path = os.path.expanduser(spec)
+  if any(ch in spec for ch in '*?['):
+    files = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
+    return files, 'empty_glob', 'the glob matches no files'
   if os.path.isfile(path):
-    return [path]
+    return [path], '', ''
   if os.path.isdir(path):
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
-    if not files:
-      raise CorpusError(f'config.data.corpus={spec!r}: the directory is empty.')
-    return files
-  raise CorpusError(f'config.data.corpus={spec!r}: no such file or directory. '
-                    'Give a path, a directory or a glob of .txt files, or leave '
-                    'it empty for the default corpus.')
+    return files, 'empty_dir', 'the directory is empty'
+  return [], 'missing', 'no such file or directory'
 
 
-def file_documents(path: str, document_split: str) -> Iterator[str]:
-  # Invalid bytes are replaced rather than dropping the file.
-  with open(path, encoding='utf-8', errors='replace', newline=None) as f:
-    text = f.read()
-  if document_split == 'file':
-    parts = [text]
-  else:
-    parts = _BLANK_LINE.split(text)
-  for part in parts:
-    part = part.strip()
-    if part:
-      yield part
+def resolve_files(corpus: str) -> tuple[list[str], Tally]:
+  """The files named by comma-separated paths, directories and globs, in order.
+
+  Names that give no file are skipped and counted; raises CorpusError if none
+  gives any.
+  """
+  tally, files, seen = Tally(), [], set()
+  for spec in (s.strip() for s in corpus.split(',')):
+    if not spec:
+      continue
+    found, key, reason = _expand(spec)
+    if not found:
+      tally.skip(spec, key, reason)
+    for path in found:
+      if path not in seen:
+        seen.add(path)
+        files.append(path)
+  if not files:
+    reasons = '; '.join(f'{s["input"]!r}: {s["reason"]}' for s in tally.skipped)
+    raise CorpusError(f'config.data.corpus={corpus!r} names no files ({reasons}). Give paths, '
+                      'directories or globs of .txt/.jsonl(.gz) files, or leave it empty for '
+                      'the default corpus.')
+  return files, tally
 
 
-def documents(corpus: str, document_split: str = 'blank_line') -> Iterator[str]:
-  """All documents of the corpus, in a fixed order."""
-  if not corpus:
-    yield from stdlib_docstrings()
-    return
-  for path in resolve_files(corpus):
-    yield from file_documents(path, document_split)
+def _group(files: list[str], sizes: list[int], unit_bytes: int) -> list[Unit]:
+  """Consecutive files in units of about `unit_bytes` (a bigger file is a unit alone)."""
+  units, current, size = [], [], 0
+  for path, n in zip(files, sizes):
+    current.append(path)
+    size += n
+    if size >= unit_bytes:
+      units.append(Unit(files=tuple(current)))
+      current, size = [], 0
+  if current:
+    units.append(Unit(files=tuple(current)))
+  return units
 
 
-def describe(corpus: str) -> dict:
-  """A cheap identity of the corpus: changes when its files change."""
-  if not corpus:
+def resolve(data: ml_collections.ConfigDict) -> Corpus:
+  """The corpus that `config.data` names, split into units of work."""
+  if data.get('tfds_name'):
+    return _resolve_tfds(data)
+  if not data.corpus:
     files = stdlib_files()
-    return {
-        'source': 'python-stdlib-docstrings',
-        'python': sys.version.split()[0],
-        'files': len(files),
-        'digest': _stat_digest(files),
-    }
-  files = resolve_files(corpus)
-  return {'source': corpus, 'files': len(files), 'digest': _stat_digest(files)}
+    description = {'source': 'python-stdlib-docstrings', 'python': sys.version.split()[0],
+                   'files': len(files), 'digest': _stat_digest(files)}
+    # ~11 MB of source holding ~1.7 MB of docstrings: small units, so all workers get some.
+    units = _group(files, [os.path.getsize(f) for f in files], UNIT_BYTES // 16)
+    return Corpus('stdlib', 'the default corpus', units, description, Tally())
+  files, tally = resolve_files(data.corpus)
+  description = {'source': data.corpus, 'files': len(files), 'digest': _stat_digest(files)}
+  if any(_is_jsonl(f) for f in files):
+    description['text_key'] = data.text_key
+  return Corpus('files', f'config.data.corpus={data.corpus!r}',
+                _group(files, [os.path.getsize(f) for f in files], UNIT_BYTES), description, tally,
+                document_split=data.document_split, text_key=data.text_key)
 
 
 def _stat_digest(files: list[str]) -> str:
@@ -122,3 +272,216 @@ def _stat_digest(files: list[str]) -> str:
     st = os.stat(path)
     h.update(json.dumps([os.path.abspath(path), st.st_size, st.st_mtime_ns]).encode())
   return h.hexdigest()[:16]
+
+
+def _resolve_tfds(data: ml_collections.ConfigDict) -> Corpus:
+  import tensorflow_datasets as tfds  # Only tfds corpora pay for the import here.
+  name = f'config.data.tfds_name={data.tfds_name!r}'
+  data_dir = os.path.expanduser(data.tfds_data_dir) if data.tfds_data_dir else None
+  where = data_dir or 'the default tfds data dir (~/tensorflow_datasets or $TFDS_DATA_DIR)'
+  try:
+    source = tfds.data_source(data.tfds_name, split=data.split, data_dir=data_dir,
+                              download=False)
+  except NotImplementedError as e:
+    raise CorpusError(
+        f'{name} is prepared in {where} in a format that needs TensorFlow to read (tfrecord); '
+        'mlm_jax reads array_record. Prepare it again with `tfds build '
+        f'{data.tfds_name} --file_format=array_record`, or convert it once (with TensorFlow '
+        'installed) with `tfds convert_format --dataset_dir=DIR --out_file_format='
+        f'array_record`. ({str(e).splitlines()[0]})') from None
+  except Exception as e:  # tfds raises many kinds for a missing dataset or split.
+    raise CorpusError(
+        f'{name}, config.data.split={data.split!r}: no such dataset or split prepared in '
+        f'{where} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}). Prepare it '
+        f'with `tfds build {data.tfds_name} --file_format=array_record`, or set '
+        'config.data.tfds_data_dir to where it is.') from None
+  info = source.dataset_info
+  if data.text_key not in info.features.keys():
+    raise CorpusError(f'{name} has no feature config.data.text_key={data.text_key!r}; its '
+                      f'features are {sorted(info.features.keys())}.')
+  n = len(source)
+  step = TFDS_RECORDS_PER_UNIT
+  units = [Unit(start=a, stop=min(a + step, n)) for a in range(0, n, step)]
+  description = {'source': 'tfds', 'name': info.full_name, 'split': data.split,
+                 'data_dir': os.path.abspath(data_dir) if data_dir else '',
+                 'records': n, 'text_key': data.text_key}
+  return Corpus('tfds', name, units, description, Tally(), text_key=data.text_key,
+                tfds_source=source)
+
+
+def check(data: ml_collections.ConfigDict) -> None:
+  """Cheap early check that the corpus options name something; raises CorpusError."""
+  if data.get('tfds_name'):
+    if data.corpus:
+      raise CorpusError('config.data.corpus and config.data.tfds_name are both set; '
+                        'set one of them.')
+  elif data.corpus:
+    resolve_files(data.corpus)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _is_jsonl(path: str) -> bool:
+  return path.removesuffix('.gz').endswith('.jsonl')
+
+
+def _open_binary(path: str):
+  return gzip.open(path, 'rb') if path.endswith('.gz') else open(path, 'rb')
+
+
+class _Pieces:
+  """Cuts one document into stripped pieces of at most PIECE_CHARS, at whitespace."""
+
+  def __init__(self):
+    self._buf: list[str] = []
+    self._len = 0
+    self.num_pieces = 0
+
+  def add(self, text: str) -> Iterator[tuple[bool, str]]:
+    self._buf.append(text)
+    self._len += len(text)
+    if self._len >= PIECE_CHARS:
+      text = ''.join(self._buf)
+      while len(text) >= PIECE_CHARS:
+        cut = max(text.rfind(' ', 0, PIECE_CHARS), text.rfind('\n', 0, PIECE_CHARS))
+        if cut < PIECE_CHARS // 2:
+          cut = PIECE_CHARS  # No whitespace near the end: cut mid-word.
+        yield from self._emit(text[:cut])
+        text = text[cut:]
+      self._buf, self._len = [text], len(text)
+
+  def end(self) -> Iterator[tuple[bool, str]]:
+    """The last piece; then the builder is ready for the next document."""
+    yield from self._emit(''.join(self._buf))
+    self._buf, self._len = [], 0
+
+  def _emit(self, text: str) -> Iterator[tuple[bool, str]]:
+    text = text.strip()
+    if text:
+      yield self.num_pieces == 0, text
+      self.num_pieces += 1
+
+
+def _text_pieces(f: io.TextIOBase, document_split: str,
+                 long_docs: list[int]) -> Iterator[tuple[bool, str]]:
+  doc = _Pieces()
+  for line in iter(functools.partial(f.readline, PIECE_CHARS), ''):
+    if document_split == 'blank_line' and not line.strip(_BLANK):
+      yield from doc.end()
+      long_docs[0] += doc.num_pieces > 1
+      doc = _Pieces()
+    else:
+      yield from doc.add(line)
+  yield from doc.end()
+  long_docs[0] += doc.num_pieces > 1
+
+
+def _jsonl_pieces(f: io.TextIOBase, name: str, text_key: str, tally: Tally,
+                  long_docs: list[int]) -> Iterator[tuple[bool, str]]:
+  lineno = 0
+  while line := f.readline(MAX_RECORD_CHARS):
+    lineno += 1
+    if len(line) >= MAX_RECORD_CHARS and not line.endswith('\n'):
+      while line and not line.endswith('\n'):  # Drop the rest of the line unread.
+        line = f.readline(MAX_RECORD_CHARS)
+      tally.skip_line(name, 'long_record', lineno, f'line over {MAX_RECORD_CHARS:,} characters')
+      continue
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except ValueError:
+      tally.skip_line(name, 'not_json', lineno, 'line is not JSON')
+      continue
+    text = record.get(text_key) if isinstance(record, dict) else None
+    if not isinstance(text, str):
+      tally.skip_line(name, 'missing_key', lineno, f'no string field {text_key!r}')
+      continue
+    doc = _Pieces()
+    yield from doc.add(text)
+    yield from doc.end()
+    long_docs[0] += doc.num_pieces > 1
+
+
+def _file_pieces(path: str, document_split: str, text_key: str,
+                 tally: Tally) -> Iterator[tuple[bool, str]]:
+  """The pieces of one file; skips it (counted) if it is empty, binary or unreadable."""
+  try:
+    with _open_binary(path) as f:
+      head = f.read(_SNIFF_BYTES)
+  except (OSError, EOFError, zlib.error) as e:
+    tally.skip(path, 'read_error', f'cannot read: {e}')
+    return
+  if not head:
+    tally.skip(path, 'empty', 'empty file')
+    return
+  if b'\0' in head:
+    tally.skip(path, 'binary', f'binary (NUL bytes in the first {_SNIFF_BYTES} bytes)')
+    return
+  _replaced_bytes[0] = 0
+  long_docs, num_docs, newlines = [0], 0, None
+  try:
+    with io.TextIOWrapper(_open_binary(path), encoding='utf-8', errors=_REPLACE_ERRORS,
+                          newline=None) as f:
+      pieces = (_jsonl_pieces(f, path, text_key, tally, long_docs) if _is_jsonl(path)
+                else _text_pieces(f, document_split, long_docs))
+      for first, piece in pieces:
+        num_docs += first
+        yield first, piece
+      newlines = f.newlines
+  except (OSError, EOFError, zlib.error) as e:
+    tally.skip(path, 'read_error', f'read error after {num_docs} documents (kept): {e}')
+  if num_docs:
+    tally.counts['files_used'] += 1
+  elif not any(s['input'] == path for s in tally.skipped):
+    tally.skip(path, 'no_text', 'no text (only whitespace)')
+  if _replaced_bytes[0]:
+    tally.repair(path, 'invalid_utf8_files',
+                 f'invalid UTF-8: {_replaced_bytes[0]} bytes replaced by U+FFFD')
+    tally.counts['invalid_utf8_bytes'] += _replaced_bytes[0]
+  if newlines and '\r\n' in newlines:
+    tally.repair(path, 'crlf_files', 'Windows (CRLF) line endings read as newlines')
+  if long_docs[0]:
+    tally.repair(path, 'long_documents', f'documents over {PIECE_CHARS:,} characters read and '
+                 'tokenized in pieces', long_docs[0])
+
+
+def _tfds_pieces(source, unit: Unit, name: str, text_key: str,
+                 tally: Tally) -> Iterator[tuple[bool, str]]:
+  _replaced_bytes[0] = 0
+  long_docs = 0
+  for i in range(unit.start, unit.stop):
+    text = source[i][text_key]
+    if isinstance(text, bytes):
+      text = text.decode('utf-8', _REPLACE_ERRORS)
+    doc = _Pieces()
+    yield from doc.add(text)
+    yield from doc.end()
+    long_docs += doc.num_pieces > 1
+  label = f'{name}[{unit.start}:{unit.stop}]'
+  if _replaced_bytes[0]:
+    tally.repair(label, 'invalid_utf8_files',
+                 f'invalid UTF-8: {_replaced_bytes[0]} bytes replaced by U+FFFD')
+    tally.counts['invalid_utf8_bytes'] += _replaced_bytes[0]
+  if long_docs:
+    tally.repair(label, 'long_documents', f'documents over {PIECE_CHARS:,} characters read and '
+                 'tokenized in pieces', long_docs)
+
+
+def documents(corpus: str, document_split: str = 'blank_line',
+              text_key: str = 'text') -> Iterator[str]:
+  """All documents of a corpus option, in order, each whole (for tests and small corpora)."""
+  data = ml_collections.ConfigDict({'corpus': corpus, 'document_split': document_split,
+                                    'text_key': text_key, 'tfds_name': ''})
+  c = resolve(data)
+  tally = Tally()
+  doc: list[str] = []
+  for unit in c.units:
+    for first, piece in c.pieces(unit, tally):
+      if first and doc:
+        yield ' '.join(doc)
+        doc = []
+      doc.append(piece)
+  if doc:
+    yield ' '.join(doc)

@@ -8,7 +8,9 @@ masking and the model never need to look them up:
 
 from __future__ import annotations
 
+import math
 import os
+import random
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -20,6 +22,8 @@ SPECIAL_IDS = (PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID)
 # Literal special-token strings in corpus text would be read as the special
 # tokens themselves; prepare rewrites them as plain words.
 _LITERAL_SPECIALS = {tok: tok[1:-1] for tok in SPECIAL_TOKENS}
+# Sentencepiece's own limit (its default): longer training lines are ignored.
+MAX_SENTENCE_BYTES = 4192
 
 
 def padded_vocab_size(vocab_size: int, multiple: int = 128) -> int:
@@ -56,9 +60,10 @@ class Tokenizer:
   def model_proto(self) -> bytes:
     return self._sp.serialized_model_proto()
 
-  def encode(self, texts: Sequence[str]) -> list[list[int]]:
-    """Ids of each text, without [CLS]/[SEP]."""
-    return self._sp.encode(list(texts), out_type=int, num_threads=os.cpu_count() or 1)
+  def encode(self, texts: Sequence[str], num_threads: int = 0) -> list[list[int]]:
+    """Ids of each text, without [CLS]/[SEP]; num_threads 0: one per core."""
+    return self._sp.encode(list(texts), out_type=int,
+                           num_threads=num_threads or os.cpu_count() or 1)
 
   def decode(self, ids: Iterable[int]) -> str:
     return self._sp.decode([int(i) for i in ids])
@@ -95,6 +100,40 @@ class Tokenizer:
     }
 
 
+def sample_lines(lines: Iterable[str], max_lines: int, seed: int) -> tuple[list[str], dict]:
+  """A uniform sample of at most `max_lines` of `lines`, in their original order.
+
+  Reservoir sampling (Li's algorithm L), so memory holds only the sample
+  however long the stream. Lines sentencepiece would ignore (over
+  MAX_SENTENCE_BYTES) are dropped first. Returns (sample, counts).
+  """
+  rng = random.Random(seed)
+  reservoir: list[tuple[int, str]] = []
+  seen = too_long = 0
+  w = next_take = 0.0
+
+  def skip() -> float:  # How many lines to pass over before the next replacement.
+    return math.floor(math.log(1.0 - rng.random()) / math.log(1.0 - w)) + 1
+
+  for line in lines:
+    if len(line) * 4 > MAX_SENTENCE_BYTES and len(line.encode()) > MAX_SENTENCE_BYTES:
+      too_long += 1
+      continue
+    if seen < max_lines:
+      reservoir.append((seen, line))
+      if seen == max_lines - 1:
+        w = math.exp(math.log(1.0 - rng.random()) / max_lines)
+        next_take = seen + skip()
+    elif seen == next_take:
+      reservoir[rng.randrange(max_lines)] = (seen, line)
+      w *= math.exp(math.log(1.0 - rng.random()) / max_lines)
+      next_take = seen + skip()
+    seen += 1
+  reservoir.sort()
+  return [line for _, line in reservoir], {'lines_seen': seen, 'lines_sampled': len(reservoir),
+                                           'lines_too_long': too_long}
+
+
 def train_tokenizer(lines: Iterable[str], model_path: str, *, vocab_size: int,
                     model_type: str, character_coverage: float,
                     max_sentences: int, seed: int) -> Tokenizer:
@@ -111,6 +150,7 @@ def train_tokenizer(lines: Iterable[str], model_path: str, *, vocab_size: int,
       character_coverage=character_coverage,
       input_sentence_size=max_sentences,
       shuffle_input_sentence=True,
+      max_sentence_length=MAX_SENTENCE_BYTES,
       # A small corpus may not support the requested size; take what it has
       # rather than failing after minutes of work.
       hard_vocab_limit=False,

@@ -1,0 +1,341 @@
+"""Corpus sources (files, jsonl, gzip, tfds), bad input, and resumable parallel prepare."""
+
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from mlm_jax import config_lib
+from mlm_jax import corpus
+from mlm_jax import prepare
+from mlm_jax import tokenizer as tok
+from tests.conftest import REPO, micro_config
+
+# Real prose, one paragraph each (a blank line would split a document of a .txt file).
+DOCS = [re.sub(r'\n\s*\n', '\n', d) for d, _ in zip(corpus.stdlib_docstrings(), range(400))]
+
+
+def _rows(data: prepare.PreparedData, split: str) -> np.ndarray:
+  source = data.source(split)
+  return np.stack([source[i]['input_ids'] for i in range(len(source))])
+
+
+def _in_rows(data: prepare.PreparedData, document: str) -> bool:
+  """Whether a whole document's ids, with its [SEP], appear in the packed rows."""
+  ids = np.array(data.tokenizer.encode([document])[0] + [tok.SEP_ID], np.int32).tobytes()
+  for split in ('train', 'validation'):
+    stream = _rows(data, split)[:, 1:-1].tobytes()  # Row content without [CLS] and [SEP].
+    at = stream.find(ids)
+    while at >= 0:
+      if at % 4 == 0:
+        return True
+      at = stream.find(ids, at + 1)
+  return False
+
+
+def _assert_same_data(a: prepare.PreparedData, b: prepare.PreparedData) -> None:
+  assert a.tokenizer.spec()['pieces'] == b.tokenizer.spec()['pieces']
+  for split in ('train', 'validation'):
+    np.testing.assert_array_equal(_rows(a, split), _rows(b, split))  # Same rows, same order.
+  np.testing.assert_array_equal(a.unigram_counts, b.unigram_counts)
+  assert a.stats == b.stats
+
+
+def _config(corpus_spec: str, data_dir, workers: int = 1, **data):
+  config = micro_config(corpus_spec, str(data_dir))
+  config.data.num_workers = workers
+  for k, v in data.items():
+    config.data[k] = v
+  return config
+
+
+def test_every_file_kind_gives_the_same_documents(tmp_path):
+  docs = DOCS[:6]
+  (tmp_path / 'a.txt').write_text('\n\n'.join(docs[:2]))
+  with gzip.open(tmp_path / 'b.txt.gz', 'wt') as f:
+    f.write('\n\n'.join(docs[2:4]))
+  lines = [json.dumps({'text': d, 'id': i}) for i, d in enumerate(docs[4:])]
+  (tmp_path / 'sub').mkdir()
+  (tmp_path / 'sub' / 'c.jsonl').write_text('\n'.join(lines[:1]) + '\n')
+  with gzip.open(tmp_path / 'sub' / 'd.jsonl.gz', 'wt') as f:
+    f.write('\n'.join(lines[1:]) + '\n')
+  # A directory (recursive), a glob and a comma-separated list of them.
+  assert list(corpus.documents(str(tmp_path))) == docs
+  assert list(corpus.documents(f'{tmp_path}/*.txt*,{tmp_path}/sub/*.jsonl*')) == docs
+  assert list(corpus.documents(str(tmp_path / 'sub' / 'c.jsonl'))) == docs[4:5]
+  # jsonl with another field name.
+  (tmp_path / 'e.jsonl').write_text(json.dumps({'body': 'Body text.'}) + '\n')
+  assert list(corpus.documents(str(tmp_path / 'e.jsonl'), text_key='body')) == ['Body text.']
+
+
+def test_bad_inputs_are_used_or_skipped_and_counted(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, 'PIECE_CHARS', 100_000)
+  d = tmp_path / 'in'
+  d.mkdir()
+  (d / 'good.txt').write_text('\n\n'.join(DOCS[:300]))
+  (d / 'empty.txt').write_bytes(b'')
+  (d / 'blank.txt').write_text(' \n\n\t\n')
+  (d / 'image.txt').write_bytes(b'\x89PNG\r\n\x1a\n\0\0\0\rIHDR' + bytes(range(256)))
+  (d / 'latin1.txt').write_bytes('Caf\xe9 cr\xe8me, na\xefve.\n'.encode('latin-1'))
+  (d / 'windows.txt').write_bytes(b'First line.\r\nSecond line.\r\n\r\nNext document.\r\n')
+  (d / 'long.txt').write_text(' '.join(DOCS[300:400]).replace('\n', ' ') * 10)
+  (d / 'bad.jsonl').write_text('{"text": "A good record."}\nnot json\n{"title": "no text"}\n'
+                               '[1, 2]\n{"text": 7}\n\n{"text": "Another good one."}\n')
+  # Truncated gzip: the first paragraph is read before the error, the second is lost.
+  text = '\n'.join(DOCS[:60]) + '\n\n' + '\n'.join(DOCS[60:300])
+  (d / 'broken.txt.gz').write_bytes(gzip.compress(text.encode())[:-30])
+  spec = f'{d}/*.txt,{d}/*.gz,{d}/bad.jsonl,{tmp_path}/missing.txt,{tmp_path}/*.md'
+  data = prepare.prepare(_config(spec, tmp_path / 'data', val_fraction=0.2))
+  report = data.report
+  counts = report['inputs']['counts']
+  assert counts == {
+      'files_used': 6,  # good, latin1, windows, long, bad.jsonl, broken (up to the break).
+      'missing': 1, 'empty_glob': 1, 'empty_dir': 0, 'empty': 1, 'binary': 1, 'no_text': 1,
+      'read_error': 1, 'not_json': 1, 'missing_key': 3, 'long_record': 0,
+      'invalid_utf8_files': 1, 'invalid_utf8_bytes': 3, 'crlf_files': 1, 'long_documents': 1}
+  reasons = {(os.path.basename(e['input']), e['reason'].split(' (')[0].split(':')[0])
+             for e in report['inputs']['skipped']}
+  assert reasons == {('missing.txt', 'no such file or directory'),
+                     ('*.md', 'the glob matches no files'), ('empty.txt', 'empty file'),
+                     ('image.txt', 'binary'), ('blank.txt', 'no text'),
+                     ('broken.txt.gz', 'read error after 1 documents'),
+                     ('bad.jsonl', 'line is not JSON'), ('bad.jsonl', "no string field 'text'")}
+  missing_key = [e for e in report['inputs']['skipped'] if e['reason'].startswith('no string')]
+  assert missing_key[0]['lines'] == [3, 4, 5]
+  # The long line is one document (tokenized in pieces), so documents are exact.
+  documents = data.stats['train']['documents'] + data.stats['validation']['documents']
+  assert documents == 300 + 1 + 2 + 1 + 2 + 1  # good, latin1, windows, long, jsonl, broken.
+  # Repaired text is in the rows: invalid bytes became U+FFFD, CRLF a newline.
+  assert _in_rows(data, 'Caf\ufffd cr\ufffdme, na\ufffdve.')
+  assert _in_rows(data, 'First line.\nSecond line.') and _in_rows(data, 'Next document.')
+  assert list(corpus.documents(str(d / 'windows.txt'))) == ['First line.\nSecond line.',
+                                                            'Next document.']
+
+
+def test_a_100_mb_line_streams_in_bounded_memory(tmp_path):
+  path = tmp_path / 'huge.txt'
+  word = b'lorem ipsum dolor sit amet '
+  with open(path, 'wb') as f:
+    f.write(word * (100_000_000 // len(word)))
+  assert path.stat().st_size > 99_000_000
+  c = corpus.resolve(_config(str(path), tmp_path / 'x').data)
+  tally = corpus.Tally()
+  tracemalloc.start()
+  pieces = chars = 0
+  for first, piece in c.pieces(c.units[0], tally):
+    assert first == (pieces == 0) and len(piece) <= corpus.PIECE_CHARS
+    pieces += 1
+    chars += len(piece) + 1
+  peak = tracemalloc.get_traced_memory()[1]
+  tracemalloc.stop()
+  assert chars == path.stat().st_size  # Cut at spaces: nothing lost.
+  least = -(-chars // corpus.PIECE_CHARS)  # Cut at the last space before each 1 MiB.
+  assert least <= pieces <= least + 1
+  assert peak < 12 * corpus.PIECE_CHARS  # ~12 MB, not 100 MB.
+  assert tally.counts['long_documents'] == 1 and tally.counts['files_used'] == 1
+
+
+def test_a_corpus_with_nothing_usable_is_an_error_before_training(tmp_path):
+  (tmp_path / 'empty.txt').write_bytes(b'')
+  (tmp_path / 'bin.txt').write_bytes(b'\0\1\2')
+  (tmp_path / 'keys.jsonl').write_text('{"body": "x"}\n')
+  data_dir = tmp_path / 'data'
+  with pytest.raises(corpus.CorpusError, match=r'no usable text.*3 inputs skipped.*binary'):
+    prepare.prepare(_config(str(tmp_path / '*'), data_dir))
+  assert not os.path.exists(data_dir) and not os.path.exists(f'{data_dir}.partial')
+  # Names that give no file at all fail the config check, before any work.
+  config = _config(f'{tmp_path}/none.txt,{tmp_path}/*.md', data_dir)
+  with pytest.raises(config_lib.ConfigError, match=r"none.txt': no such file.*\*.md': the glob"):
+    config_lib.validate(config)
+  config = _config(str(tmp_path / '*'), data_dir, tfds_name='wikipedia')
+  with pytest.raises(config_lib.ConfigError, match='both set'):
+    config_lib.validate(config)
+  config = _config(str(tmp_path / '*'), data_dir, num_workers=-1)
+  with pytest.raises(config_lib.ConfigError, match='num_workers'):
+    config_lib.validate(config)
+
+
+def test_tokenizer_trains_on_a_bounded_sample_of_lines(tmp_path):
+  lines = [f'line {i}' for i in range(10_000)] + ['x' * 5000]
+  sample, info = tok.sample_lines(iter(lines), 100, seed=0)
+  assert info == {'lines_seen': 10_000, 'lines_sampled': 100, 'lines_too_long': 1}
+  ids = [int(s.split()[1]) for s in sample]
+  assert ids == sorted(ids) and 2000 < np.mean(ids) < 8000  # In order, spread over all.
+  assert tok.sample_lines(iter(lines), 100, seed=0)[0] == sample
+  assert tok.sample_lines(iter(lines[:50]), 100, seed=0)[0] == lines[:50]
+  config = _config(str(tmp_path / '*.txt'), tmp_path / 'data')
+  (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS))
+  config.tokenizer.max_sentences = 500
+  report = prepare.prepare(config).report['tokenizer']
+  assert report['lines_sampled'] == 500 < report['lines_seen']
+
+
+def _prepare_in_subprocess(config_code: str, patch: str = '') -> subprocess.CompletedProcess:
+  code = (f'import sys; sys.path.insert(0, {str(REPO)!r})\n'
+          'import os, signal\n'
+          'from mlm_jax import corpus, prepare, tokenizer\n'
+          'from tests.conftest import micro_config\n'
+          'corpus.UNIT_BYTES = 1  # One unit per file.\n'
+          'prepare.SHARD_BYTES = 4 * 32 * 40  # 40 rows per shard.\n'
+          f'{patch}\n'
+          'if __name__ == "__main__":\n'
+          f'  config = {config_code}\n'
+          '  config.data.num_workers = 1\n'
+          '  prepare.prepare(config)\n')
+  return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                        timeout=120)
+
+
+def test_interrupted_prepare_resumes_to_the_same_dataset_for_any_worker_count(
+    tmp_path, monkeypatch):
+  src = tmp_path / 'src'
+  src.mkdir()
+  for i in range(8):
+    (src / f'part{i}.txt').write_text('\n\n'.join(DOCS[i * 50:(i + 1) * 50]))
+  spec = str(src / '*.txt')
+  data_dir = tmp_path / 'killed'
+  config_code = f'micro_config({spec!r}, {str(data_dir)!r})'
+  # Run 1: SIGKILL in the middle of the 4th unit (its temporary dir half written).
+  kill_in_unit_4 = (
+      'calls = []\n'
+      'encode = tokenizer.Tokenizer.encode\n'
+      'def dying_encode(self, *a, **k):\n'
+      '  calls.append(1)\n'
+      '  if len(calls) == 4: os.kill(os.getpid(), signal.SIGKILL)\n'
+      '  return encode(self, *a, **k)\n'
+      'tokenizer.Tokenizer.encode = dying_encode\n')
+  run = _prepare_in_subprocess(config_code, kill_in_unit_4)
+  assert run.returncode == -9, run.stderr
+  partial = f'{data_dir}.partial'
+  assert sorted(os.listdir(f'{partial}/units'))[:3] == ['000000', '000001', '000002']
+  assert not os.path.exists(data_dir)
+  # Run 2: SIGKILL after the first shard of rows is written.
+  kill_after_shard_1 = (
+      'write = prepare._write_shard\n'
+      'def dying_write(*a):\n'
+      '  write(*a)\n'
+      '  os.kill(os.getpid(), signal.SIGKILL)\n'
+      'prepare._write_shard = dying_write\n')
+  run = _prepare_in_subprocess(config_code, kill_after_shard_1)
+  assert run.returncode == -9, run.stderr
+  assert len(os.listdir(f'{partial}/units')) == 8
+  assert not os.path.exists(data_dir)
+  # Run 3, here: finishes from what runs 1 and 2 left.
+  monkeypatch.setattr(corpus, 'UNIT_BYTES', 1)
+  monkeypatch.setattr(prepare, 'SHARD_BYTES', 4 * 32 * 40)
+  resumed = prepare.prepare(_config(spec, data_dir, workers=2))
+  work = resumed.report['work']
+  assert (work['units'], work['units_reused'], work['shards_reused']) == (8, 8, 1)
+  assert work['shards'] > 3
+  assert not os.path.exists(partial)
+  assert sorted(os.listdir(data_dir)) == ['fingerprint.json', 'report.json', 'stats.json',
+                                          'tfds', 'tokenizer.model', 'unigram_counts.npy']
+  # Clean prepares elsewhere: 2 workers with the same units, 1 worker with one unit.
+  clean = prepare.prepare(_config(spec, tmp_path / 'clean2', workers=2))
+  _assert_same_data(resumed, clean)
+  monkeypatch.setattr(corpus, 'UNIT_BYTES', 1 << 30)
+  monkeypatch.setattr(prepare, 'SHARD_BYTES', 1 << 26)
+  one = prepare.prepare(_config(spec, tmp_path / 'clean1', workers=1))
+  assert one.report['work']['units'] == 1 and one.report['work']['shards'] == 2
+  _assert_same_data(resumed, one)
+
+
+def test_an_unfinished_prepare_of_other_settings_is_replaced_and_a_foreign_one_kept(tmp_path):
+  (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS))
+  config = _config(str(tmp_path / 'a.txt'), tmp_path / 'data')
+  partial = tmp_path / 'data.partial'
+  partial.mkdir()
+  (partial / 'partial.json').write_text('{"format": 0}')
+  (partial / 'units').mkdir()
+  prepare.prepare(config)
+  assert not partial.exists()
+  foreign = tmp_path / 'other.partial'
+  foreign.mkdir()
+  (foreign / 'mine.txt').write_text('keep me')
+  with pytest.raises(prepare.DataDirError, match='not an unfinished mlm_jax prepare'):
+    prepare.prepare(_config(str(tmp_path / 'a.txt'), tmp_path / 'other'))
+  assert (foreign / 'mine.txt').read_text() == 'keep me'
+
+
+class ShortTexts(tfds.core.GeneratorBasedBuilder):
+  """A real tfds text dataset (title + text features); module level, so workers unpickle it."""
+
+  VERSION = tfds.core.Version('1.0.0')
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+        {'title': tfds.features.Text(), 'text': tfds.features.Text()}))
+
+  def _split_generators(self, dl_manager):
+    return {'train': self._generate_examples()}
+
+  def _generate_examples(self):
+    for i, doc in enumerate(DOCS[:200]):
+      yield i, {'title': f'doc {i}', 'text': doc}
+
+
+def _write_tfds_text_dataset(data_dir) -> list[str]:
+  """ShortTexts prepared on disk as array_record."""
+  tfds.disable_progress_bar()
+  ShortTexts(data_dir=str(data_dir)).download_and_prepare(file_format='array_record')
+  return DOCS[:200]
+
+
+def test_a_tfds_dataset_on_disk_is_a_corpus(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, 'TFDS_RECORDS_PER_UNIT', 50)  # 3 units for 2 workers.
+  texts = _write_tfds_text_dataset(tmp_path / 'tfds')
+  config = _config('', tmp_path / 'data', workers=2, tfds_name='short_texts',
+                   tfds_data_dir=str(tmp_path / 'tfds'), split='train[:150]', val_fraction=0.2)
+  config_lib.validate(config)
+  data = prepare.prepare(config)
+  stats = data.stats
+  assert stats['train']['documents'] + stats['validation']['documents'] == 150
+  assert data.report['corpus'] == "config.data.tfds_name='short_texts'"
+  assert data.report['work']['workers'] == 2 and data.report['work']['units'] == 3
+  fp = json.loads((tmp_path / 'data' / 'fingerprint.json').read_text())
+  assert fp['corpus']['split'] == 'train[:150]' and fp['corpus']['records'] == 150
+  decoded = data.tokenizer.decode(_rows(data, 'train')[0][1:8])
+  assert any(decoded.split()[0] in t for t in texts)
+  # A missing feature, dataset or split: clear errors naming the option.
+  with pytest.raises(corpus.CorpusError, match="text_key='body'.*features are"):
+    corpus.resolve(_config('', tmp_path / 'x', tfds_name='short_texts', text_key='body',
+                           tfds_data_dir=str(tmp_path / 'tfds')).data)
+  with pytest.raises(corpus.CorpusError, match="tfds_name='nope'.*tfds build nope"):
+    corpus.resolve(_config('', tmp_path / 'x', tfds_name='nope',
+                           tfds_data_dir=str(tmp_path / 'tfds')).data)
+  # The same dataset in tfrecord format (TensorFlow needed to read it): the fix is named.
+  tfrecord_dir = tmp_path / 'tfrecord'
+  shutil.copytree(tmp_path / 'tfds', tfrecord_dir)
+  info_path = next(tfrecord_dir.glob('short_texts/1.0.0/dataset_info.json'))
+  info = json.loads(info_path.read_text())
+  info['fileFormat'] = 'tfrecord'
+  info_path.write_text(json.dumps(info))
+  with pytest.raises(corpus.CorpusError, match='tfrecord.*--file_format=array_record'):
+    corpus.resolve(_config('', tmp_path / 'x', tfds_name='short_texts',
+                           tfds_data_dir=str(tfrecord_dir)).data)
+
+
+def test_a_registered_tfds_dataset_mocked_without_tensorflow(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, 'TFDS_RECORDS_PER_UNIT', 100)  # 3 units for 2 workers.
+  from tensorflow_datasets.text import wikipedia  # noqa: F401  Registers the builder.
+  name = 'wikipedia/20230601.en'
+  with tfds.testing.mock_data(num_examples=300, policy=tfds.testing.MockPolicy.USE_CODE):
+    records = tfds.data_source(name, split='train')
+    texts = [records[i]['text'] for i in range(len(records))]
+    config = _config('', tmp_path / 'data', workers=2, tfds_name=name, val_fraction=0.2)
+    data = prepare.prepare(config)
+  assert 'tensorflow' not in sys.modules  # Read without TensorFlow, in 2 spawned workers.
+  stats = data.stats
+  assert stats['train']['documents'] + stats['validation']['documents'] == sum(
+      1 for t in texts if t.strip())
+  assert data.unigram_counts.sum() == stats['train']['tokens'] > 0
+  assert data.report['inputs']['counts']['files_used'] == 0
+  assert data.report['work']['workers'] == 2 and data.report['work']['units'] == 3
