@@ -1,5 +1,6 @@
 """Masking: the BERT recipe's statistics, exact counts, special tokens, determinism."""
 
+import ml_collections
 import numpy as np
 import pytest
 from scipy import stats
@@ -159,3 +160,195 @@ def test_same_seed_same_mask_and_independent_of_how_rows_are_split():
   other_seed = m(ids, seed=10, step=3, rows=np.arange(64))
   assert not np.array_equal(whole['masked_positions'], other_step['masked_positions'])
   assert not np.array_equal(whole['masked_positions'], other_seed['masked_positions'])
+
+
+# ---------------------------------------------------------------- modes
+
+SPECIAL = (tok.PAD_ID, tok.CLS_ID, tok.SEP_ID)
+# A synthetic sentencepiece vocabulary: every third normal piece starts a word.
+PIECES = list(tok.SPECIAL_TOKENS) + [('\u2581w' if i % 3 == 0 else 'x') + str(i)
+                                     for i in range(5, V)]
+
+
+def _mode_masker(mode, counts=None, rate=0.15, p=P, mask_prob=0.8, random_prob=0.1, pieces=PIECES):
+  config = ml_collections.ConfigDict(dict(
+      max_predictions=p, select_rate=rate, mask_prob=mask_prob, random_prob=random_prob,
+      random_source='unigram', mode=mode, span_p=0.2, span_max_length=10))
+  return masking.make_masker(config, V, np.arange(V) if counts is None else counts, pieces)
+
+
+def _words(row, pieces=PIECES):
+  """Python reference: lists of positions, one per word of a row."""
+  words = []
+  for pos, i in enumerate(row):
+    if i in SPECIAL:
+      continue
+    if pieces[i].startswith('\u2581') or not words or words[-1][-1] != pos - 1:
+      words.append([pos])
+    else:
+      words[-1].append(pos)
+  return words
+
+
+def _selected_mask(batch):
+  sel = np.zeros(batch['input_ids'].shape, bool)
+  r, pos, _ = _selected(batch)
+  sel[r, pos] = True
+  return sel
+
+
+def _expected_k(ids, rate=0.15, p=P):
+  n = (~np.isin(ids, SPECIAL)).sum(axis=1)
+  return np.where(n > 0, np.clip(np.floor(rate * n + 0.5), 1, p), 0)
+
+
+def test_default_mode_is_token_and_bit_identical_to_plain_masker():
+  ids = _rows(300, seed=6)
+  config = ml_collections.ConfigDict(dict(max_predictions=P, select_rate=0.15, mask_prob=0.8,
+                                          random_prob=0.1, random_source='unigram'))
+  old_style = masking.make_masker(config, V, np.arange(V))  # A config without `mode`.
+  assert old_style.mode == 'token'
+  a = old_style(ids, seed=1, step=2, rows=np.arange(300))
+  b = _masker()(ids, seed=1, step=2, rows=np.arange(300))
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_several_steps_in_one_call_equal_one_call_per_step():
+  ids = _rows(60, seed=7)
+  for mode in masking.MODES:
+    m = _mode_masker(mode)
+    steps = np.repeat([4, 5, 6], 20)
+    together = m(ids, seed=2, step=steps, rows=np.arange(60))
+    apart = [m(ids[i * 20:(i + 1) * 20], seed=2, step=4 + i, rows=np.arange(i * 20, (i + 1) * 20))
+             for i in range(3)]
+    for key in together:
+      np.testing.assert_array_equal(together[key], np.concatenate([a[key] for a in apart]))
+
+
+def test_whole_word_masks_whole_words_within_an_exact_budget():
+  ids = _rows(2000, seed=8, vocab_lo=1000)
+  ids[0, 1:] = tok.PAD_ID
+  ids[0, 1:4] = [1002, 1003, 1004]  # One word of 3 pieces and a budget of 1: nothing fits.
+  counts = np.zeros(V, np.int64)
+  counts[5:1000] = 1
+  batch = _mode_masker('whole_word', counts)(ids, seed=0, step=0, rows=np.arange(len(ids)))
+  sel = _selected_mask(batch)
+  for row in range(300):
+    for word in _words(ids[row]):
+      assert sel[row, word].all() or not sel[row, word].any(), (row, word)
+  k = _expected_k(ids)
+  got = batch['masked_weights'].sum(axis=1)
+  assert got[0] == 0 and k[0] == 1  # Never a split word, even to meet the budget.
+  # Exact unless no unselected word fits what is left of the budget.
+  assert np.all(got <= k) and np.mean(got == k) > 0.99
+  assert abs(got.sum() / (~np.isin(ids, SPECIAL)).sum() - 0.15) < 0.01
+  assert not np.isin(ids[sel], SPECIAL).any()
+  r, pos, _ = _selected(batch)
+  new, orig = batch['input_ids'][r, pos], ids[r, pos]
+  assert abs(np.mean(new == tok.MASK_ID) - 0.8) < 0.01
+  assert abs(np.mean((new != tok.MASK_ID) & (new != orig)) - 0.1) < 0.01
+  assert abs(np.mean(new == orig) - 0.1) < 0.01
+
+
+def test_whole_word_on_real_text(prepared):
+  config, data = prepared
+  source = data.source('train')
+  ids = np.stack([source[i]['input_ids'] for i in range(min(len(source), 2000))])
+  pieces = [data.tokenizer.id_to_piece(i) for i in range(data.tokenizer.vocab_size)]
+  masking_config = ml_collections.ConfigDict(config.masking.to_dict())
+  masking_config.mode = 'whole_word'
+  m = masking.make_masker(masking_config, data.tokenizer.vocab_size, data.unigram_counts, pieces)
+  batch = m(ids, seed=3, step=1, rows=np.arange(len(ids)))
+  sel = _selected_mask(batch)
+  for row in range(len(ids)):
+    for word in _words(ids[row], pieces):
+      assert sel[row, word].all() or not sel[row, word].any()
+  k = _expected_k(ids, p=m.max_predictions)
+  got = batch['masked_weights'].sum(axis=1)
+  # Short only where no unselected word fits the rest of the budget: with
+  # this tiny vocabulary (long words) and T=32 ~1 row in 7 (94% of the budget
+  # masked); with configs/tiny.py's vocabulary and T=128, 99.3% of rows exact.
+  assert np.all(got <= k)
+  assert got.sum() / k.sum() > 0.9, got.sum() / k.sum()
+
+
+def _runs(selected_row):
+  """Lengths of the runs of True in a 1-d bool array."""
+  d = np.diff(np.concatenate([[0], selected_row.astype(np.int8), [0]]))
+  return np.flatnonzero(d == -1) - np.flatnonzero(d == 1)
+
+
+def test_span_lengths_are_clipped_geometric_and_budget_exact():
+  ids = _rows(4000, seed=9, vocab_lo=1000)
+  counts = np.zeros(V, np.int64)
+  counts[5:1000] = 1
+  batch = _mode_masker('span', counts)(ids, seed=0, step=0, rows=np.arange(len(ids)))
+  k = _expected_k(ids)
+  np.testing.assert_array_equal(batch['masked_weights'].sum(axis=1), k)
+  sel = _selected_mask(batch)
+  assert not np.isin(ids[sel], SPECIAL).any()
+  # Runs over the maskable tokens (the [SEP]s taken out) are the spans: they
+  # never touch. With k >= 11 the first span is never cut to fit the budget,
+  # so its length is exactly min(Geometric(0.2), 10).
+  first, all_runs = [], []
+  for row in range(len(ids)):
+    runs = _runs(sel[row][~np.isin(ids[row], SPECIAL)])
+    assert runs.sum() == k[row] and runs.max() <= 10
+    if k[row] >= 11:
+      first.append(runs[0])
+    all_runs += list(runs)
+  pmf = 0.2 * 0.8 ** np.arange(10)
+  pmf[-1] = 0.8 ** 9
+  observed = np.bincount(first, minlength=11)[1:]
+  assert observed.sum() > 3000
+  _, p_value = stats.chisquare(observed, pmf * observed.sum())
+  assert p_value > 1e-3, (observed, p_value)
+  assert abs(np.mean(first) - (pmf * np.arange(1, 11)).sum()) < 0.15
+  r, pos, _ = _selected(batch)
+  new, orig = batch['input_ids'][r, pos], ids[r, pos]
+  assert abs(np.mean(new == tok.MASK_ID) - 0.8) < 0.01
+  assert abs(np.mean((new != tok.MASK_ID) & (new != orig)) - 0.1) < 0.01
+  assert abs(np.mean(new == orig) - 0.1) < 0.01
+
+
+@pytest.mark.parametrize('mode', ['whole_word', 'span'])
+def test_modes_follow_a_30_percent_rate_and_keep_static_shapes(mode):
+  ids = _rows(1000, seed=10)
+  ids[3, 1:] = tok.PAD_ID  # Nothing to mask.
+  batch = _mode_masker(mode, rate=0.3, p=48)(ids, seed=1, step=3, rows=np.arange(1000))
+  for key, shape in [('input_ids', (1000, T)), ('masked_positions', (1000, 48)),
+                     ('masked_ids', (1000, 48)), ('masked_weights', (1000, 48))]:
+    assert batch[key].shape == shape
+  k = _expected_k(ids, rate=0.3, p=48)
+  got = batch['masked_weights'].sum(axis=1)
+  assert got[3] == 0 and np.all(got <= k) and np.mean(got == k) > 0.97
+  r, pos, s = _selected(batch)
+  np.testing.assert_array_equal(batch['masked_ids'][r, s], ids[r, pos])
+  for row in range(50):
+    valid = batch['masked_positions'][row][batch['masked_weights'][row] > 0]
+    assert np.all(np.diff(valid) > 0)  # Distinct, ascending.
+  pad = batch['masked_weights'] == 0
+  assert np.all(batch['masked_positions'][pad] == 0) and np.all(batch['masked_ids'][pad] == 0)
+
+
+@pytest.mark.parametrize('mode', masking.MODES)
+def test_every_mode_is_a_function_of_seed_step_and_row(mode):
+  ids = _rows(64, seed=11)
+  m = _mode_masker(mode)
+  whole = m(ids, seed=9, step=3, rows=np.arange(64))
+  halves = [m(ids[:32], seed=9, step=3, rows=np.arange(32)),
+            m(ids[32:], seed=9, step=3, rows=np.arange(32, 64))]
+  for key in whole:
+    np.testing.assert_array_equal(whole[key], np.concatenate([h[key] for h in halves]))
+  for other in (dict(seed=9, step=4), dict(seed=10, step=3)):
+    assert not np.array_equal(whole['masked_positions'],
+                              m(ids, rows=np.arange(64), **other)['masked_positions'])
+
+
+def test_whole_word_mode_needs_the_pieces():
+  config = ml_collections.ConfigDict(dict(max_predictions=P, select_rate=0.15, mask_prob=0.8,
+                                          random_prob=0.1, random_source='uniform',
+                                          mode='whole_word'))
+  with pytest.raises(ValueError, match='pieces'):
+    masking.make_masker(config, V, None)

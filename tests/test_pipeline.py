@@ -1,0 +1,192 @@
+"""Host pipeline: fast row reads, chunks and workers, sentence pairs, the throughput command."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mlm_jax import input_pipeline
+from mlm_jax import masking
+from mlm_jax import tokenizer as tok
+from tests.conftest import REPO
+from tests.conftest import write_config_file
+
+T = 64
+
+
+def _take(it, n):
+  return [next(it) for _ in range(n)]
+
+
+def _assert_same(a, b):
+  assert a.keys() == b.keys()
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def _masker(config, data, mode='token'):
+  pieces = [data.tokenizer.id_to_piece(i) for i in range(data.tokenizer.vocab_size)]
+  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts, pieces)
+  return masking.Masker(m.max_predictions, m.select_rate, m.mask_prob, m.random_prob,
+                        m.replacement_probs, mode=mode, word_start=masking.word_starts(pieces))
+
+
+def _packed_rows(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+  """A source of packed rows with distinct content: [CLS] n*1000+j ... [SEP]; one short row."""
+  rows = []
+  for i in range(n):
+    ids = np.full(T, tok.PAD_ID, np.int32)
+    length = T if i != n - 1 else 3  # The last row of a split may be short.
+    ids[0], ids[length - 1] = tok.CLS_ID, tok.SEP_ID
+    ids[1:length - 1] = 5 + i * 100 + np.arange(length - 2)
+    rows.append({'input_ids': ids})
+  return rows
+
+
+def test_fast_row_reader_matches_tfds_decoding(prepared):
+  _, data = prepared
+  source = data.source('train')
+  reader = input_pipeline.RowReader(source)
+  assert reader._raw is not None  # The prepared rows take the fast path.
+  indices = np.array([3, -1, 0, len(source) - 1, 3])
+  rows = reader(indices)
+  expected = [source[i]['input_ids'] if i >= 0 else np.zeros(reader.seq_len) for i in indices]
+  np.testing.assert_array_equal(rows, np.stack(expected))
+
+
+def test_batches_same_for_any_chunk_size(prepared):
+  config, data = prepared
+  source = data.source('train')
+  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  kwargs = dict(global_batch=8, seed=5, start_step=2, process_index=1, process_count=2)
+  one_step = _take(input_pipeline.train_batches(source, m, chunk_rows=1, **kwargs), 7)
+  chunked = _take(input_pipeline.train_batches(source, m, chunk_rows=12, **kwargs), 7)
+  for a, b in zip(one_step, chunked):
+    _assert_same(a, b)
+
+
+def test_worker_processes_give_the_same_batches(prepared):
+  config, data = prepared
+  source = data.source('train')
+  m = _masker(config, data, 'whole_word')
+  kwargs = dict(global_batch=8, seed=2, start_step=3, sentence_pair='nsp', chunk_rows=16)
+  inline = _take(input_pipeline.train_batches(source, m, **kwargs), 9)
+  it = input_pipeline.train_batches(source, m, worker_count=2, **kwargs)
+  workers = _take(it, 9)  # 2 steps per chunk: both workers serve chunks.
+  it.close()
+  for a, b in zip(inline, workers):
+    _assert_same(a, b)
+  assert {'sentence_pair_labels', 'sentence_pair_weights'} <= inline[0].keys()
+
+
+def _pair_parts(row, segments):
+  """([CLS] first [SEP] second [SEP]) -> (first, second) token lists; checks the layout."""
+  real = row[row != tok.PAD_ID]
+  assert real[0] == tok.CLS_ID and real[-1] == tok.SEP_ID
+  seps = np.flatnonzero(real == tok.SEP_ID)
+  assert len(seps) == 2  # The content has no [SEP] of its own in these rows.
+  first, second = real[1:seps[0]], real[seps[0] + 1:-1]
+  np.testing.assert_array_equal(
+      segments[:len(real)], np.r_[np.zeros(len(first) + 2), np.ones(len(second) + 1)])
+  assert not segments[len(real):].any()
+  return first, second
+
+
+@pytest.mark.parametrize('task', ['nsp', 'sop'])
+def test_sentence_pairs_layout_labels_and_balance(task):
+  source = _packed_rows(50)
+  reader = input_pipeline.RowReader(source)
+  n = 4000
+  own = np.arange(n) % 50
+  ids = reader(own)
+  pairs = input_pipeline.sentence_pairs(ids, task=task, seed=1, step=7, rows=np.arange(n),
+                                        read_other=reader, own_indices=own, num_source_rows=50)
+  labels, weights = pairs['sentence_pair_labels'], pairs['sentence_pair_weights']
+  assert labels.dtype == np.int32 and pairs['segment_ids'].dtype == np.int32
+  ok = own != 49
+  np.testing.assert_array_equal(weights, ok)
+  assert abs(labels[ok].mean() - 0.5) < 0.03
+  assert not labels[~ok].any()
+  cuts = []
+  for r in np.flatnonzero(ok)[:600]:
+    first, second = _pair_parts(pairs['input_ids'][r], pairs['segment_ids'][r])
+    content = ids[r, 1:T - 2]  # T - 3 content tokens fit with the extra [SEP].
+    assert len(first) >= 1 and len(second) >= 1
+    assert len(first) + len(second) == T - 3
+    if labels[r] == 0:  # A then its true continuation B.
+      np.testing.assert_array_equal(np.r_[first, second], content)
+    elif task == 'sop':  # B then A.
+      np.testing.assert_array_equal(np.r_[second, first], content)
+    else:  # A, then text of another row, read from where B would have started.
+      np.testing.assert_array_equal(first, content[:len(first)])
+      other = (second[0] - 5) // 100
+      assert other != own[r]
+      other_content = source[other]['input_ids'][1:-1]
+      other_content = other_content[other_content != tok.SEP_ID]
+      other_content = other_content[other_content != tok.PAD_ID]
+      expected = other_content[(len(first) + np.arange(len(second))) % len(other_content)]
+      np.testing.assert_array_equal(second, expected)
+    cuts.append(len(first) if labels[r] == 0 or task == 'nsp' else len(second))
+  assert min(cuts) == 1 and max(cuts) == T - 4  # Cut anywhere in the content.
+  # Too short to cut: left as it was.
+  np.testing.assert_array_equal(pairs['input_ids'][~ok], ids[~ok])
+
+
+def test_sentence_pairs_are_a_function_of_seed_step_and_row(prepared):
+  config, data = prepared
+  source = data.source('train')
+  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  kwargs = dict(global_batch=8, seed=3, sentence_pair='sop')
+  single = _take(input_pipeline.train_batches(source, m, **kwargs), 4)
+  parts = [_take(input_pipeline.train_batches(source, m, process_index=p, process_count=2,
+                                              **kwargs), 4) for p in range(2)]
+  for s in range(4):
+    _assert_same(single[s], {k: np.concatenate([parts[0][s][k], parts[1][s][k]])
+                             for k in single[s]})
+  other = _take(input_pipeline.train_batches(source, m, global_batch=8, seed=4,
+                                             sentence_pair='sop'), 4)
+  assert not all(np.array_equal(a['sentence_pair_labels'], b['sentence_pair_labels'])
+                 for a, b in zip(single, other))
+  # The middle [SEP] is never masked, and masks follow the paired rows.
+  for batch in single:
+    r, s = np.nonzero(batch['masked_weights'])
+    assert not np.isin(batch['masked_ids'][r, s], (tok.SEP_ID, tok.CLS_ID, tok.PAD_ID)).any()
+    assert (batch['segment_ids'].max(axis=1) == batch['sentence_pair_weights']).all()
+  # Without a task the batches have no pair keys and a single segment.
+  plain = next(input_pipeline.train_batches(source, m, global_batch=8, seed=3))
+  assert set(plain) == {'input_ids', 'attention_mask', 'segment_ids', 'masked_positions',
+                        'masked_ids', 'masked_weights'}
+  assert not plain['segment_ids'].any()
+
+
+def test_eval_pairs_fixed_and_padding_rows_weightless(prepared):
+  config, data = prepared
+  source = data.source('validation')
+  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  kwargs = dict(global_batch=16, mask_seed=1, sentence_pair='nsp')
+  batches = list(input_pipeline.eval_batches(source, m, **kwargs))
+  again = list(input_pipeline.eval_batches(source, m, **kwargs))
+  for a, b in zip(batches, again):
+    _assert_same(a, b)
+  weights = np.concatenate([b['sentence_pair_weights'] for b in batches])
+  real = np.concatenate([b['attention_mask'].any(axis=1) for b in batches])
+  assert real.sum() == len(source) and not weights[~real].any()
+  assert weights.sum() >= len(source) - 1  # Only a short last row may have no pair.
+
+
+def test_pipeline_bench_prints_tokens_per_second(prepared, tmp_path):
+  config, data = prepared
+  config_file = write_config_file(tmp_path / 'bench.py', config.data.corpus, data.data_dir)
+  cmd = [sys.executable, '-m', 'mlm_jax.pipeline_bench', f'--config={config_file}',
+         '--config.input.worker_count=1', '--config.masking.mode=span',
+         '--warmup_s=0.2', '--window_s=0.3', '--repeats=2']
+  out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert out.returncode == 0, out.stderr[-2000:]
+  print(out.stdout)
+  match = re.search(r'tokens/s per process \(median of 2 windows\): ([\d,]+)', out.stdout)
+  assert match and int(match.group(1).replace(',', '')) > 0, out.stdout
+  assert 'masking=span' in out.stdout and 'workers=1' in out.stdout
