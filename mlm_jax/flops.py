@@ -11,6 +11,8 @@ from __future__ import annotations
 # of jax.Device.device_kind. More specific names come first ('v5 lite' before
 # 'v5'). Float32 runs are still measured against these: the usual convention.
 PEAK_FLOPS: tuple[tuple[str, float], ...] = (
+    # The PCIe card runs at a lower clock than the SXM module ('H100 80GB HBM3').
+    ('h100 pcie', 756e12),
     ('h100', 989e12),
     # The same GH100 compute as the H100 SXM, with more and faster memory.
     ('h200', 989e12),

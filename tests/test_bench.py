@@ -1,0 +1,154 @@
+"""The benchmark command and the FLOP count behind its MFU."""
+
+import json
+import math
+import subprocess
+import sys
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import base
+from configs import tiny
+from mlm_jax import bench
+from mlm_jax import config_lib
+from mlm_jax import flops as flops_lib
+from mlm_jax import model as model_lib
+from mlm_jax import tokenizer as tok_lib
+from tests.conftest import REPO, micro_config
+
+
+def _odd_config():
+  """Nothing square: d_ff != 4d, a vocabulary that needs padding, P not a fraction of T."""
+  config = tiny.get_config()
+  config.data.seq_len = 72
+  config.masking.max_predictions = 11
+  config.tokenizer.vocab_size = 777
+  config.model.num_layers = 3
+  config.model.hidden_size = 96
+  config.model.num_heads = 3
+  config.model.intermediate_size = 200
+  return config
+
+
+def _flops_from_param_shapes(config) -> float:
+  """Training FLOPs per token counted from the initialised model's parameter shapes.
+
+  Every matmul weight of a block is used once per token (2 FLOPs forward, 4
+  backward); the attention scores QKᵀ and the weighted sum of V each cost
+  2·T·(N·H) per token and layer forward, N·H being the query projection's
+  output width; the head's transform and the tied embedding run on P of T rows.
+  """
+  vocab = config.tokenizer.vocab_size
+  cfg = model_lib.ModelConfig.from_config(config.model, vocab, tok_lib.padded_vocab_size(vocab),
+                                          jnp.float32)
+  t, p = config.data.seq_len, config.masking.max_predictions
+  ids, slots = np.zeros((1, t), np.int32), np.zeros((1, p), np.int32)
+  batch = {'input_ids': ids, 'segment_ids': ids, 'attention_mask': ids + 1,
+           'masked_positions': slots}
+  variables = jax.eval_shape(lambda: model_lib.BertForMLM(cfg).init(jax.random.key(0), batch))
+  params = flax.traverse_util.flatten_dict(nn.unbox(variables['params']))
+  table = params[('encoder', 'embeddings', 'token', 'embedding')].shape       # [V, d]
+  d = table[-1]
+  # Block kernels, whether stored per layer or stacked over layers.
+  block_weights = sum(x.size for path, x in params.items()
+                      if path[0] == 'encoder' and 'embeddings' not in path and path[-1] == 'kernel')
+  # The query projections' output widths N·H, summed over layers.
+  attention_width = sum(x.size for path, x in params.items()
+                        if 'query' in path and path[-1] == 'kernel') / d
+  head_weights = params[('mlm_head', 'transform', 'kernel')].size + math.prod(table)
+  return 6 * block_weights + 3 * (2 + 2) * t * attention_width + 6 * head_weights * p / t
+
+
+@pytest.mark.parametrize('get_config', [base.get_config, tiny.get_config, _odd_config],
+                         ids=['base', 'tiny', 'odd'])
+def test_flops_per_token_matches_the_count_from_parameter_shapes(get_config):
+  config = get_config()
+  m = config.model
+  formula = flops_lib.flops_per_token(
+      num_layers=m.num_layers, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+      seq_len=config.data.seq_len, max_predictions=config.masking.max_predictions,
+      vocab_size=tok_lib.padded_vocab_size(config.tokenizer.vocab_size))
+  assert formula == pytest.approx(_flops_from_param_shapes(config), rel=1e-12)
+
+
+def test_flops_per_token_of_bert_base_by_hand():
+  # 6·12·(4·768² + 2·768·3072) + 12·12·768·128 + 6·(768² + 768·32000)·20/128
+  assert flops_lib.flops_per_token(num_layers=12, hidden_size=768, intermediate_size=3072,
+                                   seq_len=128, vocab_size=32000, max_predictions=20) == (
+                                       509_607_936 + 14_155_776 + 23_592_960)
+
+
+@pytest.mark.parametrize('kind, tflops', [
+    ('NVIDIA H100 80GB HBM3', 989), ('NVIDIA H100 PCIe', 756), ('NVIDIA A100-SXM4-80GB', 312),
+    ('TPU v4', 275), ('TPU v5 lite', 197), ('TPU v5p', 459), ('TPU v5', 459), ('cpu', None)])
+def test_peak_of_known_chips(kind, tflops):
+  peak = flops_lib.peak_flops_per_device(kind)
+  assert peak == (None if tflops is None else tflops * 1e12)
+  assert flops_lib.peak_flops_per_device(kind, peak_tflops=2.5) == 2.5e12
+
+
+def test_bench_tiny_with_hf_comparison(tmp_path):
+  """The command on configs/tiny.py: sane figures for both, the same work for both."""
+  json_out = tmp_path / 'bench.json'
+  cmd = [sys.executable, '-m', 'mlm_jax.bench', '--config=configs/tiny.py',
+         '--config.train.batch_size=8', '--warmup=1', '--steps=3', '--repeats=2',
+         '--peak_tflops=1', '--compare=hf', f'--json_out={json_out}']
+  out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  for field in ('step time', 'tokens/s', 'MFU', 'compile', 'peak memory', 'mlm_jax / HF tokens/s',
+                'on all T positions'):
+    assert field in out.stdout, out.stdout
+  assert 'n/a' not in out.stdout
+
+  result = json.loads(json_out.read_text())
+  b, t = 8, 128
+  assert result['tokens_per_step'] == b * t  # Full rows: every token is real.
+  assert result['command'].endswith(' '.join(cmd[3:]))
+  ours, hf = result['ours'], result['hf']
+  for r in (ours, hf):
+    assert len(r['step_time_s']['windows']) == 2
+    assert 0 < r['step_time_s']['min'] <= r['step_time_s']['median'] <= r['step_time_s']['max']
+    assert r['tokens_per_sec'] == pytest.approx(b * t / r['step_time_s']['median'])
+    assert 0 < r['mfu'] < 1
+    assert r['peak_memory_bytes'] > 0
+    # A fresh model on 1000 ids: both losses start near ln(1000).
+    assert abs(r['final_loss'] - math.log(1000)) < 0.5
+  # The same model, the same masked tokens (19 of P=20 slots of each row).
+  assert hf['num_params'] == ours['num_params']
+  assert hf['masked_tokens_per_step'] == ours['masked_tokens_per_step'] == b * 19
+  assert ours['compile_s'] > ours['lower_s'] > 0
+  assert result['ratio_tokens_per_sec'] == pytest.approx(
+      ours['tokens_per_sec'] / hf['tokens_per_sec'])
+  assert result['ratio_tokens_per_sec_best_window'] == pytest.approx(
+      hf['step_time_s']['min'] / ours['step_time_s']['min'])
+  assert result['machine']['torch_version'] and result['machine']['cpu_count'] >= 1
+
+
+def test_without_a_known_peak_mfu_is_na():
+  config = micro_config('', '')
+  # The smallest step to compile: one block, no dropout.
+  config.model.num_layers = 1
+  config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+  result = bench.run_benchmark(config, warmup=1, steps=2, repeats=3, num_batches=2)
+  assert jax.default_backend() == 'cpu' and result['ours']['mfu'] is None
+  assert result['ours']['tokens_per_sec'] > 0
+  assert len(result['ours']['step_time_s']['windows']) == 3
+  assert 'MFU' in bench.format_report(result) and 'n/a' in bench.format_report(result)
+  with pytest.raises(config_lib.ConfigError, match='--steps=0'):
+    bench.run_benchmark(config, steps=0)
+
+
+def test_synthetic_rows_are_full_and_masked_by_the_masker():
+  config = micro_config('', '')
+  batches = bench.synthetic_batches(config, 2)
+  ids = batches[0]['input_ids']
+  assert ids.shape == (config.train.batch_size, config.data.seq_len)
+  assert (ids[:, 0] == tok_lib.CLS_ID).all() and (ids[:, -1] == tok_lib.SEP_ID).all()
+  assert batches[0]['attention_mask'].all()
+  assert ((ids == tok_lib.MASK_ID).sum(axis=1) > 0).all()
+  assert not np.array_equal(ids, batches[1]['input_ids'])
