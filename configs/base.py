@@ -15,11 +15,25 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Text source, packing and the held-out split.
   config.data = ml_collections.ConfigDict()
-  # Plain-text files: a path, a directory or a glob. Empty: the embedded
-  # default corpus (docstrings of the Python standard library).
+  # Text files: paths, directories or globs, comma separated, of .txt (plain
+  # text) and .jsonl (one JSON object per line) files, each possibly .gz.
+  # Empty (and no tfds_name): the embedded default corpus (docstrings of the
+  # Python standard library).
   config.data.corpus = ''
   # How a text file is split into documents: 'blank_line' or 'file'.
   config.data.document_split = 'blank_line'
+  # The field of a .jsonl line, or the feature of a tfds record, that holds
+  # the document text.
+  config.data.text_key = 'text'
+  # A tfds text dataset already prepared on disk in array_record format (e.g.
+  # 'wikipedia/20230601.en'), read instead of config.data.corpus.
+  config.data.tfds_name = ''
+  # Where that tfds dataset is prepared. Empty: tfds's default data dir.
+  config.data.tfds_data_dir = ''
+  # Split of that tfds dataset to read, in tfds slicing syntax ('train[:10%]').
+  config.data.split = 'train'
+  # Processes that tokenize and write rows while preparing. 0: one per core.
+  config.data.num_workers = 0
   # Where the tokenizer and packed rows are stored. Empty: a cache directory
   # keyed by the corpus and the settings below (~/.cache/mlm_jax/...).
   config.data.data_dir = ''
@@ -58,6 +72,29 @@ def get_config() -> ml_collections.ConfigDict:
   config.masking.random_prob = 0.1
   # Distribution of random replacements: 'unigram' (corpus counts) or 'uniform'.
   config.masking.random_source = 'unigram'
+  # What is selected: 'token' (BERT), 'whole_word' (all pieces of a word,
+  # words starting at sentencepiece's '▁' pieces) or 'span' (SpanBERT).
+  config.masking.mode = 'token'
+  # Span mode: span lengths ~ Geometric(p) on {1, 2, ...} (SpanBERT: 0.2).
+  config.masking.span_p = 0.2
+  # Span mode: longest span, in tokens (SpanBERT: 10).
+  config.masking.span_max_length = 10
+
+  # Sentence-pair objective besides MLM (off as in RoBERTa).
+  config.sentence_pair = ml_collections.ConfigDict()
+  # 'none', 'nsp' (next sentence prediction, BERT) or 'sop' (sentence order
+  # prediction, ALBERT): rows become [CLS] A [SEP] B [SEP] with a label each.
+  config.sentence_pair.task = 'none'
+  # Weight of the pair classification loss added to the MLM loss.
+  config.sentence_pair.loss_weight = 1.0
+
+  # Host input pipeline (reading, batching and masking; see pipeline_bench).
+  config.input = ml_collections.ConfigDict()
+  # Grain worker processes that read and mask batches (0: threads of the
+  # training process). Batches are the same for any count.
+  config.input.worker_count = 0
+  # Chunks of about 1024 rows computed ahead, per worker.
+  config.input.prefetch = 2
 
   # Encoder shape and numerics.
   config.model = ml_collections.ConfigDict()
@@ -84,6 +121,29 @@ def get_config() -> ml_collections.ConfigDict:
   # Compute dtype: 'auto' (float32 on CPU, bfloat16 on GPU/TPU), 'float32'
   # or 'bfloat16'. Parameters are always float32.
   config.model.dtype = 'auto'
+  # Attention kernel: 'auto' (cuDNN fused attention on NVIDIA GPUs in
+  # bfloat16, XLA elsewhere), 'xla' or 'cudnn'. Training with
+  # attention_dropout_rate > 0 always uses the explicit softmax (the fused
+  # kernel has no dropout).
+  config.model.attention = 'auto'
+  # Compile one block and nn.scan it over the layers (faster compiles of deep
+  # models; parameters stored stacked, converted on export).
+  config.model.scan_layers = False
+  # Rematerialisation of each block in the backward pass: 'none', 'dots'
+  # (keep matmul outputs, recompute the rest) or 'full' (keep only the
+  # block's input): less memory, more compute.
+  config.model.remat = 'none'
+  # DropToken: fraction of the unmasked tokens left out of the encoder input
+  # during training (masked tokens and [CLS] are always kept; positions are
+  # kept). Evaluation sees whole rows. 0 disables.
+  config.model.drop_token_rate = 0.0
+
+  # How devices are arranged: a (data, fsdp) mesh over all devices of all hosts.
+  config.mesh = ml_collections.ConfigDict()
+  # Devices that split the parameters and optimizer state among themselves
+  # (FSDP / ZeRO-3); must divide the device count and model.hidden_size. The
+  # batch is split over all devices either way; 1 = plain data parallelism.
+  config.mesh.fsdp = 1
 
   # Optimiser, schedule and loop cadence.
   config.train = ml_collections.ConfigDict()

@@ -13,6 +13,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from mlm_jax import model as model_lib
+
 
 class CheckpointMismatchError(ValueError):
   """The checkpoint was written by a run with other model or vocab settings."""
@@ -67,6 +69,7 @@ class Checkpointer:
 
 def check_meta(saved: dict, expected: dict, where: str) -> None:
   """Raises CheckpointMismatchError naming every field where `saved` != `expected`."""
+  saved = model_lib.STRUCTURE_DEFAULTS | saved
   diff = {k: (saved.get(k), v) for k, v in expected.items() if saved.get(k) != v}
   if diff:
     details = '; '.join(f'{k}: checkpoint {a!r}, config {b!r}' for k, (a, b) in diff.items())

@@ -53,6 +53,24 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
          'exceeds 1; the rest is the fraction kept unchanged.')
   _check(m.random_source in ('unigram', 'uniform'),
          f"config.masking.random_source={m.random_source!r}: use 'unigram' or 'uniform'.")
+  _check(m.mode in ('token', 'whole_word', 'span'),
+         f"config.masking.mode={m.mode!r}: use 'token', 'whole_word' or 'span'.")
+  _check(0.0 < m.span_p <= 1.0, f'config.masking.span_p={m.span_p} must be in (0, 1].')
+  _check(m.span_max_length >= 1,
+         f'config.masking.span_max_length={m.span_max_length} must be at least 1.')
+  sp = config.sentence_pair
+  _check(sp.task in ('none', 'nsp', 'sop'),
+         f"config.sentence_pair.task={sp.task!r}: use 'none', 'nsp' or 'sop'.")
+  _check(sp.loss_weight >= 0,
+         f'config.sentence_pair.loss_weight={sp.loss_weight} must be >= 0.')
+  _check(sp.task == 'none' or d.seq_len >= 5,
+         f'config.sentence_pair.task={sp.task!r} needs config.data.seq_len >= 5 '
+         '([CLS] A [SEP] B [SEP]); raise it.')
+  _check(config.input.worker_count >= 0,
+         f'config.input.worker_count={config.input.worker_count} must be >= 0 '
+         '(0: no worker processes).')
+  _check(config.input.prefetch >= 1,
+         f'config.input.prefetch={config.input.prefetch} must be at least 1.')
   for name in ('num_layers', 'hidden_size', 'num_heads', 'intermediate_size'):
     _check(mdl[name] > 0, f'config.model.{name}={mdl[name]} must be positive.')
   _check(mdl.hidden_size % mdl.num_heads == 0,
@@ -63,6 +81,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     _check(0.0 <= mdl[name] < 1.0, f'config.model.{name}={mdl[name]} must be in [0, 1).')
   _check(mdl.dtype in ('auto', 'float32', 'bfloat16'),
          f"config.model.dtype={mdl.dtype!r}: use 'auto', 'float32' or 'bfloat16'.")
+  _check(mdl.attention in ('auto', 'xla', 'cudnn'),
+         f"config.model.attention={mdl.attention!r}: use 'auto', 'xla' or 'cudnn'.")
+  _check(mdl.remat in ('none', 'dots', 'full'),
+         f"config.model.remat={mdl.remat!r}: use 'none', 'dots' or 'full'.")
+  _check(0.0 <= mdl.drop_token_rate < 1.0,
+         f'config.model.drop_token_rate={mdl.drop_token_rate} must be in [0, 1).')
   for name in ('batch_size', 'num_steps', 'log_every', 'eval_every', 'checkpoint_every',
                'keep_checkpoints'):
     _check(tr[name] > 0, f'config.train.{name}={tr[name]} must be positive.')
@@ -81,7 +105,15 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     _check(p.peak_tflops >= 0, 'config.profile.peak_tflops must be >= 0 (0: from the chip).')
   _check(tr.grad_accum_steps >= 1,
          f'config.train.grad_accum_steps={tr.grad_accum_steps} must be at least 1.')
+  fsdp = config.mesh.fsdp
+  _check(fsdp >= 1, f'config.mesh.fsdp={fsdp} must be at least 1 (1: no sharding of the state).')
+  _check(mdl.hidden_size % fsdp == 0,
+         f'config.mesh.fsdp={fsdp} does not divide config.model.hidden_size={mdl.hidden_size}; '
+         'the state is split along the hidden axis, so use a divisor of it.')
   if num_devices is not None:
+    _check(num_devices % fsdp == 0,
+           f'config.mesh.fsdp={fsdp} does not divide the {num_devices} devices; use a divisor '
+           f'of {num_devices}.')
     for field, value in (('train.batch_size', tr.batch_size), ('eval.batch_size', ev.batch_size)):
       _check(value % num_devices == 0,
              f'config.{field}={value} is not divisible by the {num_devices} devices; '
@@ -98,11 +130,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
            'so its token ids cannot be matched to a corpus: export it with '
            '`python -m mlm_jax.export`, or set config.tokenizer.model_file to the sentencepiece '
            'model its vocabulary was made with.')
-  if config.data.corpus:
-    try:
-      corpus_lib.resolve_files(config.data.corpus)
-    except corpus_lib.CorpusError as e:
-      raise ConfigError(str(e)) from None
+  _check(d.num_workers >= 0,
+         f'config.data.num_workers={d.num_workers} must be >= 0 (0: one per core).')
+  _check(bool(d.text_key), "config.data.text_key is empty; name the text field, e.g. 'text'.")
+  try:
+    corpus_lib.check(config.data)
+  except corpus_lib.CorpusError as e:
+    raise ConfigError(str(e)) from None
 
 
 def compute_dtype(name: str):

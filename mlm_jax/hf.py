@@ -185,7 +185,12 @@ def _set(tree: Params, path: tuple[str, ...], value: Any) -> None:
 
 
 def to_hf_state_dict(params: Params, cfg: model_lib.ModelConfig) -> dict[str, np.ndarray]:
-  """Our params -> BertForMaskedLM tensors (float32 numpy), padding rows dropped."""
+  """Our params -> BertForMaskedLM tensors (float32 numpy), padding rows dropped.
+
+  A sentence-pair head (NSP/SOP) has no place in BertForMaskedLM and is left out.
+  """
+  if cfg.scan_layers:
+    params = model_lib.unstack_layers(params, cfg.num_layers)
   out = {}
   for t in _layout(cfg):
     x = np.asarray(jax.device_get(_get(params, t.path)), np.float32)
@@ -204,6 +209,8 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: model_lib.ModelConfi
   """
   tensors = _canonical_names(tensors)
   has_head = 'cls.predictions.transform.dense.weight' in tensors
+  if fallback_params is not None and cfg.scan_layers:
+    fallback_params = model_lib.unstack_layers(fallback_params, cfg.num_layers)
   params: Params = {}
   for t in _layout(cfg):
     x = tensors.get(t.hf_name)
@@ -229,7 +236,12 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: model_lib.ModelConfi
   if decoder is not None and not np.array_equal(decoder, words):
     raise ValueError(f'{source}: cls.predictions.decoder.weight differs from the word '
                      'embeddings; this model ties them and cannot hold both.')
-  return params
+  if cfg.sentence_pair_head:
+    if fallback_params is None:
+      raise ValueError(f'{source} has no sentence-pair head; pass fallback_params to take it '
+                       'from an initialised model.')
+    params['sentence_pair'] = jax.device_get(fallback_params['sentence_pair'])
+  return model_lib.stack_layers(params, cfg.num_layers) if cfg.scan_layers else params
 
 
 def _canonical_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

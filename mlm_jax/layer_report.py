@@ -69,8 +69,10 @@ def layer_report(workdir: str, *, max_batches: int | None = None,
         f'the prepared data of this run ({data_dir}, from config.json) is missing; '
         'prepare it again with the run\'s config (python -m mlm_jax.train does).')
   data = prepare_lib.load(data_dir)
+  tokenizer = data.tokenizer
   masker = masking.make_masker(ml_collections.ConfigDict(config['masking']),
-                               data.tokenizer.vocab_size, data.unigram_counts)
+                               tokenizer.vocab_size, data.unigram_counts,
+                               [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)])
   source = data.source('validation')
   # The batch size the run evaluated with: the masks depend on it.
   global_batch = input_pipeline.eval_batch_size(

@@ -21,6 +21,11 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
+# Options that change the parameter tree, with the value that a checkpoint
+# written before the option existed implies.
+STRUCTURE_DEFAULTS = {'scan_layers': False, 'sentence_pair_head': False}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   vocab_size: int            # Real vocabulary (tokenizer size).
@@ -36,23 +41,46 @@ class ModelConfig:
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-12
   dtype: Any = jnp.float32   # Compute dtype; parameters are always float32.
+  attention: str = 'auto'    # 'auto' | 'xla' | 'cudnn' (fused; GPU, bf16/fp16).
+  scan_layers: bool = False  # One nn.scan over the blocks (params stacked).
+  remat: str = 'none'        # 'none' | 'dots' | 'full': what a block keeps for backward.
+  drop_token_rate: float = 0.0     # Training only: unmasked tokens dropped from the input.
+  sentence_pair_head: bool = False  # Pooler + 2-way classifier on [CLS] (NSP/SOP).
 
-  def shape_record(self) -> dict[str, int]:
+  def shape_record(self) -> dict[str, Any]:
     """What a checkpoint's parameters must agree with to be loaded into this model."""
     return {k: getattr(self, k) for k in (
         'vocab_size', 'padded_vocab_size', 'num_layers', 'hidden_size', 'num_heads',
-        'intermediate_size', 'max_position_embeddings', 'type_vocab_size')}
+        'intermediate_size', 'max_position_embeddings', 'type_vocab_size',
+        *STRUCTURE_DEFAULTS)}
 
   @classmethod
   def from_config(cls, model_config, vocab_size: int, padded_vocab_size: int,
-                  dtype: Any) -> 'ModelConfig':
+                  dtype: Any, **overrides) -> 'ModelConfig':
+    """From config.model (fields it lacks, e.g. in an older run's config.json, keep defaults)."""
     fields = {f.name for f in dataclasses.fields(cls)} - {'vocab_size', 'padded_vocab_size', 'dtype'}
+    given = {k: model_config[k] for k in fields if k in model_config}
     return cls(vocab_size=vocab_size, padded_vocab_size=padded_vocab_size, dtype=dtype,
-               **{k: model_config[k] for k in fields})
+               **(given | overrides))
 
 
-def _dense_init(cfg: ModelConfig):
-  return nn.initializers.truncated_normal(cfg.initializer_range)
+# Logical names of parameter axes; sharding.LOGICAL_RULES maps them onto the
+# mesh ('embed' onto 'fsdp'), so the model never names a mesh axis itself.
+EMBED, MLP, HEADS, KV, VOCAB, TABLE = 'embed', 'mlp', 'heads', 'kv', 'vocab', 'table'
+
+
+def _dense_init(cfg: ModelConfig, names: tuple[str, ...]):
+  return nn.with_logical_partitioning(nn.initializers.truncated_normal(cfg.initializer_range), names)
+
+
+def _zeros(names: tuple[str, ...]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def _layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, name=name,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (EMBED,)),
+                      bias_init=_zeros((EMBED,)))
 
 
 def _gelu(x: Array) -> Array:
@@ -63,19 +91,27 @@ class Embeddings(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, input_ids: Array, segment_ids: Array, deterministic: bool) -> Array:
-    """input_ids, segment_ids: [B, T] -> [B, T, d]."""
+  def __call__(self, input_ids: Array, segment_ids: Array, positions: Array,
+               deterministic: bool) -> Array:
+    """input_ids, segment_ids, positions: [B, T] -> [B, T, d]."""
     cfg = self.cfg
     token_table = nn.Embed(cfg.padded_vocab_size, cfg.hidden_size,
-                           embedding_init=_dense_init(cfg), name='token')
+                           embedding_init=_dense_init(cfg, (VOCAB, EMBED)), name='token')
     x = token_table(input_ids)
-    positions = jnp.arange(input_ids.shape[1])[None, :]
     x += nn.Embed(cfg.max_position_embeddings, cfg.hidden_size,
-                  embedding_init=_dense_init(cfg), name='position')(positions)
+                  embedding_init=_dense_init(cfg, (TABLE, EMBED)), name='position')(positions)
     x += nn.Embed(cfg.type_vocab_size, cfg.hidden_size,
-                  embedding_init=_dense_init(cfg), name='segment')(segment_ids)
-    x = nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, name='layer_norm')(x)
+                  embedding_init=_dense_init(cfg, (TABLE, EMBED)), name='segment')(segment_ids)
+    x = _layer_norm(cfg, 'layer_norm')(x)
     return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+def uses_cudnn_attention(cfg: ModelConfig) -> bool:
+  """The fused cuDNN (flash) kernel: asked for, or 'auto' on an NVIDIA GPU in 16-bit."""
+  if cfg.attention == 'cudnn':
+    return True
+  return (cfg.attention == 'auto' and jax.default_backend() == 'gpu'
+          and jnp.dtype(cfg.dtype) in (jnp.bfloat16, jnp.float16))
 
 
 class SelfAttention(nn.Module):
@@ -83,25 +119,37 @@ class SelfAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, key_mask: Array, deterministic: bool) -> Array:
-    """x: [B, T, d], key_mask: [B, T] bool (True = real token) -> [B, T, d]."""
+    """x: [B, T, d], key_mask: [B, T] bool (True = real token) -> [B, T, d].
+
+    Real tokens come first in every row and padding last, so the mask is also
+    a length per row: the fused kernel takes those lengths rather than a
+    dense [B, 1, T, T] mask (slow there). Attention-probability dropout is
+    not in jax.nn.dot_product_attention: with it, training takes the explicit
+    softmax path.
+    """
     cfg = self.cfg
     head_dim = cfg.hidden_size // cfg.num_heads
     proj = lambda name: nn.DenseGeneral(
-        (cfg.num_heads, head_dim), dtype=cfg.dtype, kernel_init=_dense_init(cfg), name=name)
+        (cfg.num_heads, head_dim), dtype=cfg.dtype, kernel_init=_dense_init(cfg, (EMBED, HEADS, KV)),
+        bias_init=_zeros((HEADS, KV)), name=name)
     q, k, v = proj('query')(x), proj('key')(x), proj('value')(x)  # [B, T, N, H]
     mask = key_mask[:, None, None, :]                               # [B, 1, 1, T]
     dropout = 0.0 if deterministic else cfg.attention_dropout_rate
     if dropout > 0.0:
-      # jax.nn.dot_product_attention has no dropout on the probabilities.
       logits = jnp.einsum('bqnh,bknh->bnqk', q, k) / jnp.sqrt(head_dim).astype(cfg.dtype)
       logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
       probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(cfg.dtype)
       probs = nn.Dropout(dropout)(probs, deterministic=False)
       out = jnp.einsum('bnqk,bknh->bqnh', probs, v)
+    elif uses_cudnn_attention(cfg):
+      lengths = jnp.sum(key_mask, axis=-1, dtype=jnp.int32)
+      out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
+                                         implementation='cudnn')
     else:
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask)
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation='xla')
     return nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), dtype=cfg.dtype,
-                           kernel_init=_dense_init(cfg), name='out')(out)
+                           kernel_init=_dense_init(cfg, (HEADS, KV, EMBED)),
+                           bias_init=_zeros((EMBED,)), name='out')(out)
 
 
 class TransformerBlock(nn.Module):
@@ -112,16 +160,42 @@ class TransformerBlock(nn.Module):
   @nn.compact
   def __call__(self, x: Array, key_mask: Array, deterministic: bool) -> Array:
     cfg = self.cfg
-    ln = lambda name: nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, name=name)
-    dense = lambda features, name: nn.Dense(
-        features, dtype=cfg.dtype, kernel_init=_dense_init(cfg), name=name)
+    dense = lambda features, names, name: nn.Dense(
+        features, dtype=cfg.dtype, kernel_init=_dense_init(cfg, names),
+        bias_init=_zeros(names[-1:]), name=name)
     h = SelfAttention(cfg, name='attention')(x, key_mask, deterministic)
     h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
-    x = ln('attention_layer_norm')(x + h)
-    h = _gelu(dense(cfg.intermediate_size, 'intermediate')(x))   # [B, T, d_ff]
-    h = dense(cfg.hidden_size, 'output')(h)
+    x = _layer_norm(cfg, 'attention_layer_norm')(x + h)
+    h = _gelu(dense(cfg.intermediate_size, (EMBED, MLP), 'intermediate')(x))   # [B, T, d_ff]
+    h = dense(cfg.hidden_size, (MLP, EMBED), 'output')(h)
     h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
-    return ln('output_layer_norm')(x + h)
+    return _layer_norm(cfg, 'output_layer_norm')(x + h)
+
+
+_REMAT_POLICIES = {
+    'full': None,  # Keep only each block's input; recompute the rest.
+    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # Keep matmul outputs.
+}
+
+
+def _block_class(cfg: ModelConfig):
+  if cfg.remat == 'none':
+    return TransformerBlock
+  # Argument 3 (self counts as 0) is the Python bool `deterministic`.
+  return nn.remat(TransformerBlock, policy=_REMAT_POLICIES[cfg.remat], static_argnums=(3,))
+
+
+class _ScannedBlock(nn.Module):
+  """One step of nn.scan over the blocks: (x, key_mask) -> (x, x or None)."""
+
+  cfg: ModelConfig
+  deterministic: bool
+  emit: bool  # Also return every block's output (stacked by the scan).
+
+  @nn.compact
+  def __call__(self, x: Array, key_mask: Array):
+    x = _block_class(self.cfg)(self.cfg, name='block')(x, key_mask, self.deterministic)
+    return x, (x if self.emit else None)
 
 
 class Encoder(nn.Module):
@@ -129,19 +203,75 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids: Array, segment_ids: Array, attention_mask: Array,
-               deterministic: bool = True, return_all_layers: bool = False) -> Array:
-    """[B, T] ids -> [B, T, d] contextual embeddings.
+               deterministic: bool = True, return_all_layers: bool = False,
+               positions: Array | None = None) -> Array:
+    """[B, T] ids -> [B, T] contextual embeddings [B, T, d].
 
+    `positions` [B, T]: each token's position in the original row (default
+    0..T-1); DropToken passes the positions of the tokens it kept.
     With return_all_layers: [L + 1, B, T, d], the embeddings' output (index 0)
     and then every block's, the last being the usual output.
     """
-    x = Embeddings(self.cfg, name='embeddings')(input_ids, segment_ids, deterministic)
+    cfg = self.cfg
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+    x = Embeddings(cfg, name='embeddings')(input_ids, segment_ids, positions, deterministic)
     key_mask = attention_mask.astype(bool)
+    if cfg.scan_layers:
+      # Parameters stacked on a leading 'layers' axis: one block is compiled.
+      blocks = nn.scan(_ScannedBlock, variable_axes={'params': 0},
+                       split_rngs={'params': True, 'dropout': True}, in_axes=nn.broadcast,
+                       length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: 'layers'})
+      out, every = blocks(cfg, deterministic, return_all_layers, name='layers')(x, key_mask)
+      return jnp.concatenate([x[None], every]) if return_all_layers else out
     layers = [x]
-    for i in range(self.cfg.num_layers):
-      x = TransformerBlock(self.cfg, name=f'layer_{i}')(x, key_mask, deterministic)
+    for i in range(cfg.num_layers):
+      x = _block_class(cfg)(cfg, name=f'layer_{i}')(x, key_mask, deterministic)
       layers.append(x)
     return jnp.stack(layers) if return_all_layers else x
+
+
+def stack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
+  """Per-layer params (encoder/layer_i) -> the scan layout (encoder/layers/block, [L, ...])."""
+  encoder = dict(params['encoder'])
+  blocks = [encoder.pop(f'layer_{i}') for i in range(num_layers)]
+  encoder['layers'] = {'block': jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *blocks)}
+  return {**params, 'encoder': encoder}
+
+
+def unstack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
+  """The scan layout -> per-layer params (what export, import and probes read)."""
+  encoder = dict(params['encoder'])
+  stacked = encoder.pop('layers')['block']
+  for i in range(num_layers):
+    encoder[f'layer_{i}'] = jax.tree_util.tree_map(lambda x, i=i: x[i], stacked)
+  return {**params, 'encoder': encoder}
+
+
+def drop_tokens(batch: dict[str, Array], rate: float, rng: Array) -> dict[str, Array]:
+  """DropToken: the encoder input without a fraction `rate` of the unmasked tokens.
+
+  Each row keeps T' = T - round(rate * (T - P)) tokens, in their order and
+  with their original positions: [CLS] and every masked slot are always
+  kept, padding is dropped first, then random unmasked tokens. Returns the
+  shortened input_ids/segment_ids/attention_mask/positions [B, T'] and
+  masked_positions re-indexed into the kept tokens.
+  """
+  b, t = batch['input_ids'].shape
+  p = batch['masked_positions'].shape[1]
+  keep = t - int(round(rate * (t - p)))
+  rows = jnp.arange(b)[:, None]
+  protected = jnp.zeros((b, t), bool).at[:, 0].set(True)
+  protected = protected.at[rows, batch['masked_positions']].max(batch['masked_weights'] > 0)
+  score = jax.random.uniform(rng, (b, t))                       # Random order of the rest,
+  score = jnp.where(batch['attention_mask'] > 0, score, 2.0)    # padding first to go,
+  score = jnp.where(protected, -1.0, score)                     # protected never.
+  kept = jnp.sort(jnp.argsort(score, axis=1)[:, :keep], axis=1)  # [B, T'] old positions
+  gather = lambda x: jnp.take_along_axis(x, kept, axis=1)
+  new_index = jnp.zeros((b, t), jnp.int32).at[rows, kept].set(jnp.arange(keep))
+  return {'input_ids': gather(batch['input_ids']), 'segment_ids': gather(batch['segment_ids']),
+          'attention_mask': gather(batch['attention_mask']), 'positions': kept,
+          'masked_positions': jnp.take_along_axis(new_index, batch['masked_positions'], axis=1)}
 
 
 class MLMHead(nn.Module):
@@ -154,10 +284,10 @@ class MLMHead(nn.Module):
     """sequence [B, T, d], masked_positions [B, P], embedding [V, d] -> logits [B, P, V]."""
     cfg = self.cfg
     x = jnp.take_along_axis(sequence, masked_positions[..., None], axis=1)  # [B, P, d]
-    x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=_dense_init(cfg),
-                 name='transform')(x)
-    x = nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, name='layer_norm')(_gelu(x))
-    bias = self.param('output_bias', nn.initializers.zeros, (cfg.padded_vocab_size,))
+    x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=_dense_init(cfg, (EMBED, MLP)),
+                 bias_init=_zeros((MLP,)), name='transform')(x)
+    x = _layer_norm(cfg, 'layer_norm')(_gelu(x))
+    bias = self.param('output_bias', _zeros((VOCAB,)), (cfg.padded_vocab_size,))
     logits = jnp.einsum('bpd,vd->bpv', x, embedding.astype(cfg.dtype))
     logits = logits.astype(jnp.float32) + bias
     if cfg.padded_vocab_size > cfg.vocab_size:
@@ -167,10 +297,28 @@ class MLMHead(nn.Module):
     return logits
 
 
+class SentencePairHead(nn.Module):
+  """BERT's pooler (dense + tanh on [CLS]) and a 2-way classifier (NSP or SOP)."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, sequence: Array, deterministic: bool) -> Array:
+    """sequence [B, T, d] -> logits [B, 2]."""
+    cfg = self.cfg
+    x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=_dense_init(cfg, (EMBED, MLP)),
+                 bias_init=_zeros((MLP,)), name='pooler')(sequence[:, 0])
+    x = nn.Dropout(cfg.dropout_rate)(jnp.tanh(x), deterministic=deterministic)
+    return nn.Dense(2, kernel_init=_dense_init(cfg, (MLP, None)), bias_init=_zeros((None,)),
+                    name='classifier')(x).astype(jnp.float32)
+
+
 class BertForMLM(nn.Module):
   """model.apply(params, batch) -> MLM logits [B, P, V] at the masked slots.
 
-  For probing, `method=BertForMLM.all_layers` gives every layer's output and
+  `method=BertForMLM.pretrain` gives every training output (MLM logits, and
+  the sentence-pair logits when the model has that head); for probing,
+  `method=BertForMLM.all_layers` gives every layer's output and
   `method=BertForMLM.mlm_logits` runs the head on any one of them.
   """
 
@@ -179,11 +327,26 @@ class BertForMLM(nn.Module):
   def setup(self):
     self.encoder = Encoder(self.cfg)
     self.mlm_head = MLMHead(self.cfg)
+    if self.cfg.sentence_pair_head:
+      self.sentence_pair = SentencePairHead(self.cfg)
 
   def __call__(self, batch: dict[str, Array], deterministic: bool = True) -> Array:
-    sequence = self.encoder(batch['input_ids'], batch['segment_ids'],
-                            batch['attention_mask'], deterministic)
-    return self.mlm_logits(sequence, batch['masked_positions'])
+    return self.pretrain(batch, deterministic)['mlm_logits']
+
+  def pretrain(self, batch: dict[str, Array], deterministic: bool = True) -> dict[str, Array]:
+    """{'mlm_logits': [B, P, V]} (+ 'sentence_pair_logits': [B, 2] with that head)."""
+    inputs = {k: batch[k] for k in ('input_ids', 'segment_ids', 'attention_mask',
+                                    'masked_positions')}
+    positions = None
+    if self.cfg.drop_token_rate > 0 and not deterministic and 'masked_weights' in batch:
+      inputs = drop_tokens(batch, self.cfg.drop_token_rate, self.make_rng('dropout'))
+      positions = inputs['positions']
+    sequence = self.encoder(inputs['input_ids'], inputs['segment_ids'], inputs['attention_mask'],
+                            deterministic, positions=positions)
+    out = {'mlm_logits': self.mlm_logits(sequence, inputs['masked_positions'])}
+    if self.cfg.sentence_pair_head:
+      out['sentence_pair_logits'] = self.sentence_pair(sequence, deterministic)
+    return out
 
   def all_layers(self, batch: dict[str, Array], deterministic: bool = True) -> Array:
     """[L + 1, B, T, d]: the embeddings' output, then each block's."""
@@ -192,5 +355,6 @@ class BertForMLM(nn.Module):
 
   def mlm_logits(self, sequence: Array, masked_positions: Array) -> Array:
     """sequence [B, T, d], masked_positions [B, P] -> logits [B, P, V] (tied embedding)."""
-    embedding = self.encoder.variables['params']['embeddings']['token']['embedding']
+    # Boxed with its logical axis names while the model is being initialised.
+    embedding = nn.unbox(self.encoder.variables['params']['embeddings']['token']['embedding'])
     return self.mlm_head(sequence, masked_positions, embedding)

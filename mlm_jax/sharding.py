@@ -1,8 +1,13 @@
-"""The device mesh and the one boundary from host numpy to global jax.Arrays.
+"""The device mesh, the state's shardings and the one boundary from host numpy
+to global jax.Arrays.
 
-Data parallelism is `jax.jit` over a `jax.sharding.Mesh` with a `data` axis
-spanning every device of every process: the batch is sharded on `data`, the
-train state is replicated. This is the "pmapped" train step in the form JAX
+The mesh has two axes, `data` x `fsdp`, spanning every device of every
+process. The batch is split over both. The train state (parameters and both
+Adam moments) is split over `fsdp` along each tensor's 'embed' axis (the
+model names its axes logically; LOGICAL_RULES maps them), and replicated over
+`data`: fsdp=1 is plain data parallelism, fsdp=N shards the state N ways and
+XLA gathers each weight where it is used (ZeRO-3 / FSDP). All of it is
+`jax.jit` over a `jax.sharding.Mesh`: the "pmapped" train step in the form JAX
 now recommends (`jax.pmap` has been in maintenance mode since JAX 0.8).
 """
 
@@ -11,25 +16,48 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from typing import Any
+
+import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-DATA_AXIS = 'data'
+DATA_AXIS, FSDP_AXIS = 'data', 'fsdp'
+# Logical parameter axis -> mesh axis; names not listed are replicated.
+LOGICAL_RULES = (('embed', FSDP_AXIS),)
 
 
-def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(fsdp: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A (data, fsdp) mesh over `devices` (default: all devices of all processes).
+
+  Consecutive devices share an `fsdp` group, so with several devices per host
+  the weight gathers stay inside a host as long as fsdp divides its device count.
+  """
   devices = jax.devices() if devices is None else list(devices)
-  return Mesh(np.asarray(devices), (DATA_AXIS,))
+  if fsdp < 1 or len(devices) % fsdp:
+    raise ValueError(f'fsdp={fsdp} does not divide the {len(devices)} devices')
+  return Mesh(np.asarray(devices).reshape(len(devices) // fsdp, fsdp), (DATA_AXIS, FSDP_AXIS))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Leading (batch) dimension split over `data`."""
-  return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+  """Leading (batch) dimension split over every device (`data` and `fsdp`)."""
+  return NamedSharding(mesh, PartitionSpec((DATA_AXIS, FSDP_AXIS)))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
+
+
+def state_shardings(boxed_tree: Any, mesh: Mesh) -> Any:
+  """NamedShardings for a (possibly abstract) tree whose leaves carry logical axis names.
+
+  `boxed_tree` is what `model.init` returns (leaves wrapped in
+  nn.LogicallyPartitioned), or a train state built from it; unnamed leaves
+  (the step, optimizer counters) are replicated. The result matches the tree
+  after `nn.unbox`.
+  """
+  return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed_tree), mesh, LOGICAL_RULES)
 
 
 def local_batch_size(global_batch: int, mesh: Mesh) -> int:

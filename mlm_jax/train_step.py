@@ -17,6 +17,8 @@ import ml_collections
 import optax
 from flax.training import train_state
 
+from mlm_jax import sharding
+
 Array = jax.Array
 Batch = dict[str, Array]
 
@@ -36,7 +38,9 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
 def weight_decay_mask(params: Any) -> Any:
   """True for matrices (dense kernels, embeddings); False for biases and LayerNorm."""
   def decays(path, _):
-    return path[-1].key in ('kernel', 'embedding')
+    # The last dict key names the tensor (a boxed leaf adds an attribute key).
+    name = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
+    return name in ('kernel', 'embedding')
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
@@ -61,29 +65,53 @@ def mlm_loss_terms(logits: Array, masked_ids: Array, weights: Array) -> dict[str
   }
 
 
-def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1) -> Callable:
+def pair_loss_terms(logits: Array, labels: Array, weights: Array) -> dict[str, Array]:
+  """Sentence-pair logits [B, 2], labels [B], weights [B] (0: no pair) -> sums (caller divides)."""
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  return {'pair_loss_sum': jnp.sum(ce * weights), 'pair_correct_sum': jnp.sum(correct * weights),
+          'pair_weight_sum': jnp.sum(weights)}
+
+
+def _loss_terms(outputs: dict[str, Array], batch: Batch) -> dict[str, Array]:
+  terms = mlm_loss_terms(outputs['mlm_logits'], batch['masked_ids'], batch['masked_weights'])
+  if 'sentence_pair_logits' in outputs:
+    terms |= pair_loss_terms(outputs['sentence_pair_logits'], batch['sentence_pair_labels'],
+                             batch['sentence_pair_weights'])
+  return terms
+
+
+def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
+                    sentence_pair_weight: float = 1.0) -> Callable:
   """Returns train_step(state, batch, rng) -> (state, metrics); jit it with donation.
 
-  With grad_accum_steps = k > 1 the global batch [B, ...] is processed as k
-  micro-batches of B/k rows inside the step, and the summed gradients are
-  divided once by the masked-token count of the whole batch, so the update is
-  the one a single batch of B rows would give (dropout aside), not a mean of
-  micro-batch means. Micro-batch i takes rows i, i+k, i+2k, ...: every device
-  keeps contributing its own rows, with no data movement.
+  The objective is sum(w * CE) / |M| with |M| = sum(masked_weights) over the
+  whole global batch (plus, with a sentence-pair head, sentence_pair_weight x
+  its mean cross-entropy over the rows that hold a pair). Both denominators are known from
+  the batch before the forward pass, so with grad_accum_steps = k > 1 the
+  global batch is processed as k micro-batches of B/k rows whose gradients
+  simply add up to the gradient of one batch of B rows (dropout aside) —
+  not a mean of micro-batch means. Micro-batch i takes rows i, i+k, i+2k, ...:
+  every device keeps contributing its own rows, with no data movement.
   """
 
   def train_step(state: TrainState, batch: Batch, rng: Array):
     dropout_rng = jax.random.fold_in(rng, state.step)
+    denom = jnp.maximum(jnp.sum(batch['masked_weights']), 1.0)   # Global |M| of the batch.
+    num_pairs = jnp.maximum(jnp.sum(batch.get('sentence_pair_weights', jnp.ones(1))), 1.0)
 
-    def sums_fn(params, micro: Batch, key: Array):
-      logits = state.apply_fn({'params': params}, micro, deterministic=False,
-                              rngs={'dropout': key})
-      terms = mlm_loss_terms(logits, micro['masked_ids'], micro['masked_weights'])
-      return terms['loss_sum'], terms
+    def loss_fn(params, micro: Batch, key: Array):
+      outputs = state.apply_fn({'params': params}, micro, deterministic=False,
+                               rngs={'dropout': key}, method='pretrain')
+      terms = _loss_terms(outputs, micro)
+      loss = terms['loss_sum'] / denom
+      if 'pair_loss_sum' in terms:
+        loss += sentence_pair_weight * terms['pair_loss_sum'] / num_pairs
+      return loss, terms
 
-    grad_fn = jax.grad(sums_fn, has_aux=True)
+    grad_fn = jax.grad(loss_fn, has_aux=True)
     if grad_accum_steps == 1:
-      grad_sums, terms = grad_fn(state.params, batch, dropout_rng)
+      grads, terms = grad_fn(state.params, batch, dropout_rng)
     else:
       k = grad_accum_steps
       micro_batches = jax.tree_util.tree_map(                      # [k, B/k, ...]
@@ -94,11 +122,11 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1) -> Call
         grads, terms = grad_fn(state.params, micro, jax.random.fold_in(dropout_rng, i))
         return jax.tree_util.tree_map(jnp.add, carry, (grads, terms)), None
 
-      zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params),
-               dict.fromkeys(('loss_sum', 'correct_sum', 'weight_sum'), jnp.zeros(())))
-      (grad_sums, terms), _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(k)))
-    denom = jnp.maximum(terms['weight_sum'], 1.0)   # Global |M| of the whole batch.
-    grads = jax.tree_util.tree_map(lambda g: g / denom, grad_sums)
+      zero_terms = jax.tree_util.tree_map(
+          jnp.zeros_like, jax.eval_shape(lambda: grad_fn(state.params, jax.tree_util.tree_map(
+              lambda x: x[0], micro_batches), dropout_rng)[1]))
+      zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params), zero_terms)
+      (grads, terms), _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(k)))
     new_state = state.apply_gradients(grads=grads)
     metrics = {
         'loss': terms['loss_sum'] / denom,
@@ -108,6 +136,9 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1) -> Call
         'num_masked': terms['weight_sum'],
         'num_tokens': jnp.sum(batch['attention_mask']),
     }
+    if 'pair_loss_sum' in terms:
+      metrics['sentence_pair_loss'] = terms['pair_loss_sum'] / num_pairs
+      metrics['sentence_pair_accuracy'] = terms['pair_correct_sum'] / num_pairs
     return new_state, metrics
 
   return train_step
@@ -115,11 +146,32 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1) -> Call
 
 def eval_step(state: TrainState, batch: Batch) -> dict[str, Array]:
   """Deterministic forward pass -> loss/accuracy sums over the global batch."""
-  logits = state.apply_fn({'params': state.params}, batch, deterministic=True)
-  return mlm_loss_terms(logits, batch['masked_ids'], batch['masked_weights'])
+  outputs = state.apply_fn({'params': state.params}, batch, deterministic=True, method='pretrain')
+  return _loss_terms(outputs, batch)
+
+
+def _boxed_state(model: flax.linen.Module, tx: optax.GradientTransformation,
+                 rng: Array, example_batch: Batch) -> TrainState:
+  """A fresh state whose parameters and Adam moments still carry their logical axis names."""
+  params = model.init(rng, example_batch, deterministic=True)['params']
+  return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
 def create_state(model: flax.linen.Module, tx: optax.GradientTransformation,
                  rng: Array, example_batch: Batch) -> TrainState:
-  params = model.init(rng, example_batch, deterministic=True)['params']
-  return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+  """A fresh state of plain arrays, on the default device (tests, small tools)."""
+  return flax.linen.unbox(_boxed_state(model, tx, rng, example_batch))
+
+
+def create_sharded_state(model: flax.linen.Module, tx: optax.GradientTransformation,
+                         rng: Array, example_batch: Batch, mesh) -> tuple[TrainState, Any]:
+  """(state, its shardings): initialised under jit straight into its sharding.
+
+  Parameters and optimizer moments are split on the mesh by their logical axis
+  names (see sharding.LOGICAL_RULES); no device ever holds the whole state
+  when fsdp > 1. The returned state has plain arrays (no logical boxes).
+  """
+  init = lambda r: _boxed_state(model, tx, r, example_batch)
+  shardings = sharding.state_shardings(jax.eval_shape(init, rng), mesh)
+  state = jax.jit(lambda r: flax.linen.unbox(init(r)), out_shardings=shardings)(rng)
+  return state, shardings

@@ -6,6 +6,7 @@ config -> mesh -> data -> model -> state -> checkpoint -> steps -> loop.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -41,8 +42,8 @@ from mlm_jax import train_step as step_lib
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains until config.train.num_steps (resuming from workdir) and returns a summary."""
   # ---------------------------------------------------------------- config
-  mesh = sharding.make_mesh()
-  config_lib.validate(config, num_devices=mesh.size)
+  config_lib.validate(config, num_devices=jax.device_count())
+  mesh = sharding.make_mesh(config.mesh.fsdp)
   config = _resolve_init_tokenizer(config)
   is_main = jax.process_index() == 0
   workdir = os.path.abspath(workdir)
@@ -51,7 +52,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # ------------------------------------------------------------------ data
   data = _prepare_data(config)
   tokenizer = data.tokenizer
-  masker = masking.make_masker(config.masking, tokenizer.vocab_size, data.unigram_counts)
+  pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+  masker = masking.make_masker(config.masking, tokenizer.vocab_size, data.unigram_counts, pieces)
   resolved_config = _resolved_config(config, data)
   if is_main:
     shutil.copyfile(tokenizer.model_path, os.path.join(workdir, 'tokenizer.model'))
@@ -62,21 +64,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # ----------------------------------------------------------------- model
   model_cfg = model_lib.ModelConfig.from_config(
       config.model, tokenizer.vocab_size, tok_lib.padded_vocab_size(tokenizer.vocab_size),
-      config_lib.compute_dtype(config.model.dtype))
+      config_lib.compute_dtype(config.model.dtype),
+      sentence_pair_head=config.sentence_pair.task != 'none')
   model = model_lib.BertForMLM(model_cfg)
   schedule = step_lib.learning_rate_schedule(config.train)
   tx = step_lib.make_optimizer(config.train)
 
   # ----------------------------------------------------------------- state
-  # Initialised under jit straight into its (replicated) sharding.
+  # Initialised under jit straight into its sharding (split on `fsdp`).
   root_rng = jax.random.key(config.seed)
   init_rng, dropout_rng = jax.random.split(root_rng)
-  example = _example_batch(config.data.seq_len, config.masking.max_predictions)
-  state = jax.jit(lambda rng: step_lib.create_state(model, tx, rng, example),
-                  out_shardings=sharding.replicated(mesh))(init_rng)
+  example = _example_batch(config.data.seq_len, config.masking.max_predictions,
+                           config.sentence_pair.task != 'none')
+  state, state_sh = step_lib.create_sharded_state(model, tx, init_rng, example, mesh)
   num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
-  logging.info('Model: %s parameters, compute dtype %s', f'{num_params:,}',
-               jnp.dtype(model_cfg.dtype).name)
+  state_bytes = _state_bytes(state)
+  logging.info('Model: %s parameters, compute dtype %s; train state %.1f MiB, %.1f MiB on each '
+               'device (mesh data=%d x fsdp=%d)', f'{num_params:,}', jnp.dtype(model_cfg.dtype).name,
+               state_bytes['total'] / 2**20, state_bytes['per_device'] / 2**20,
+               mesh.shape[sharding.DATA_AXIS], mesh.shape[sharding.FSDP_AXIS])
 
   # ------------------------------------------------------------ checkpoint
   checkpointer = ckpt_lib.Checkpointer(
@@ -98,10 +104,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   # ----------------------------------------------------------------- steps
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-  train_step = jax.jit(step_lib.make_train_step(schedule, config.train.grad_accum_steps),
-                       in_shardings=(repl, batch_sh, repl), out_shardings=(repl, repl),
+  train_step = jax.jit(step_lib.make_train_step(schedule, config.train.grad_accum_steps,
+                                                config.sentence_pair.loss_weight),
+                       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
                        donate_argnums=0)
-  eval_step = jax.jit(step_lib.eval_step, in_shardings=(repl, batch_sh), out_shardings=repl)
+  eval_step = jax.jit(step_lib.eval_step, in_shardings=(state_sh, batch_sh), out_shardings=repl)
 
   def evaluate(state) -> dict[str, float]:
     return _evaluate(eval_step, state, data, masker, config, mesh)
@@ -121,8 +128,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   batches = input_pipeline.train_batches(
       data.source('train'), masker, global_batch=config.train.batch_size, seed=config.seed,
       start_step=start_step, process_index=jax.process_index(),
-      process_count=jax.process_count())
-  stop = _StopRequest()
+      process_count=jax.process_count(), prefetch=config.input.prefetch,
+      worker_count=config.input.worker_count, sentence_pair=config.sentence_pair.task)
+  feed = _DeviceFeed(batches, mesh)
+  stop = _StopRequest(multi_process=jax.process_count() > 1)
   progress = _progress_bar(start_step, num_steps, enabled=is_main)
   pending: list[dict[str, jax.Array]] = []
   untimed = 0  # Steps at the head of `pending` whose time is not in the interval.
@@ -136,21 +145,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   try:
     with stop:
       while step < num_steps:
-        batch = sharding.to_global(next(batches), mesh)
+        batch = feed.pop()
         with profiler.step_context(step + 1):
           state, metrics = train_step(state, batch, dropout_rng)
+        feed.fill()  # The next batch goes to the devices while this step runs.
         step += 1
+        stop.poll(step)
         pending.append(metrics)
         if profiler.after_step(step, (state, metrics)):
           # Tracing slowed these steps and writing the trace took time: keep
           # them out of tokens/s, like the compile step.
           interval_start = time.perf_counter()
+          feed.take_wait()
           untimed = len(pending)
         if step == start_step + 1:
           # The first step compiles: time it alone and keep it out of tokens/s.
           jax.block_until_ready(metrics)
           logging.info('First step (compile included) took %.1fs', time.perf_counter() - interval_start)
           interval_start = time.perf_counter()
+          feed.take_wait()
           untimed = 1
         progress.update(1)
 
@@ -160,6 +173,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           seconds = time.perf_counter() - interval_start
           record = _summarise(host_metrics)
           record.update(counters.add_interval(host_metrics, untimed, seconds))
+          # Time the loop spent waiting for the host pipeline: near 0 when the
+          # input keeps up with the devices.
+          record['input_wait_fraction'] = min(feed.take_wait() / max(seconds, 1e-9), 1.0)
           if earlier_tokens is not None:
             record['tokens_seen'] = earlier_tokens + counters.tokens
           untimed = 0
@@ -173,6 +189,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           last_eval = evaluate(state)
           writer.write(step, {f'eval_{k}': v for k, v in last_eval.items()})
           interval_start = time.perf_counter()
+          feed.take_wait()
 
         final = step == num_steps or stop.requested
         if final or checkpointer.is_due(step):
@@ -184,6 +201,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                           'to resume.', stop.signal_name, step)
           break
   finally:
+    batches.close()  # Stops the input worker processes.
     profiler.stop()
     writer.close()
     checkpointer.wait()
@@ -193,6 +211,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   summary = _run_summary(config, model_cfg, workdir, step=step, start_step=start_step,
                          wall_time_s=time.perf_counter() - run_start, counters=counters,
                          earlier_tokens=earlier_tokens, is_main=is_main)
+  summary['mesh'] = dict(mesh.shape)
+  summary['state_bytes'] = state_bytes['total']
+  summary['state_bytes_per_device'] = state_bytes['per_device']
   if last_eval:
     summary['eval_baseline_accuracy'] = last_eval['baseline_accuracy']
     summary['eval_baseline_token'] = last_eval['baseline_token']
@@ -231,6 +252,13 @@ def _prepare_data(config: ml_collections.ConfigDict) -> prepare_lib.PreparedData
   return prepare_lib.prepare(config)
 
 
+def _state_bytes(state) -> dict[str, int]:
+  """Bytes of the whole train state, and of the part the first local device holds."""
+  leaves = jax.tree_util.tree_leaves(state)
+  return {'total': sum(x.nbytes for x in leaves),
+          'per_device': sum(x.addressable_shards[0].data.nbytes for x in leaves)}
+
+
 def _check_finite(loss: float, step: int, checkpoint_dir: str) -> None:
   if not math.isfinite(loss):
     raise FloatingPointError(
@@ -238,12 +266,17 @@ def _check_finite(loss: float, step: int, checkpoint_dir: str) -> None:
         f'{checkpoint_dir}. Try a lower config.train.learning_rate.')
 
 
-def _example_batch(seq_len: int, max_predictions: int) -> dict[str, jax.Array]:
+def _example_batch(seq_len: int, max_predictions: int,
+                   sentence_pair: bool = False) -> dict[str, jax.Array]:
   ids = jnp.zeros((1, seq_len), jnp.int32)
   slots = jnp.zeros((1, max_predictions), jnp.int32)
-  return {'input_ids': ids, 'attention_mask': ids + 1, 'segment_ids': ids,
-          'masked_positions': slots, 'masked_ids': slots,
-          'masked_weights': jnp.zeros((1, max_predictions), jnp.float32)}
+  batch = {'input_ids': ids, 'attention_mask': ids + 1, 'segment_ids': ids,
+           'masked_positions': slots, 'masked_ids': slots,
+           'masked_weights': jnp.zeros((1, max_predictions), jnp.float32)}
+  if sentence_pair:
+    batch['sentence_pair_labels'] = jnp.zeros((1,), jnp.int32)
+    batch['sentence_pair_weights'] = jnp.ones((1,), jnp.float32)
+  return batch
 
 
 def _resolved_config(config: ml_collections.ConfigDict,
@@ -288,12 +321,16 @@ def _summarise(metrics: list[dict[str, np.ndarray]]) -> dict[str, float]:
   """Means over a log interval; loss and accuracy weighted by masked tokens."""
   masked = np.array([m['num_masked'] for m in metrics], np.float64)
   weights = masked / max(masked.sum(), 1.0)
-  return {
+  record = {
       'loss': float(sum(w * m['loss'] for w, m in zip(weights, metrics))),
       'mlm_accuracy': float(sum(w * m['mlm_accuracy'] for w, m in zip(weights, metrics))),
       'learning_rate': float(metrics[-1]['learning_rate']),
       'grad_norm': float(np.mean([m['grad_norm'] for m in metrics])),
   }
+  for name in ('sentence_pair_loss', 'sentence_pair_accuracy'):
+    if name in metrics[0]:
+      record[name] = float(np.mean([m[name] for m in metrics]))
+  return record
 
 
 def _evaluate(eval_step, state, data: prepare_lib.PreparedData, masker: masking.Masker,
@@ -311,44 +348,101 @@ def _evaluate(eval_step, state, data: prepare_lib.PreparedData, masker: masking.
   for host_batch in input_pipeline.eval_batches(
       source, masker, global_batch=global_batch,
       mask_seed=config.eval.mask_seed, max_batches=config.eval.max_batches,
-      process_index=jax.process_index(), process_count=jax.process_count()):
+      process_index=jax.process_index(), process_count=jax.process_count(),
+      sentence_pair=config.sentence_pair.task):
     w = host_batch['masked_weights']
     baseline_local += [np.sum(w * (host_batch['masked_ids'] == top_token)), np.sum(w)]
     sums = jax.device_get(eval_step(state, sharding.to_global(host_batch, mesh)))
-    for k in totals:
-      totals[k] += float(sums[k])
+    for k, v in sums.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
   if jax.process_count() > 1:
     baseline_local = np.sum(multihost_utils.process_allgather(baseline_local), axis=0)
   denom = max(totals['weight_sum'], 1.0)
-  return {'loss': totals['loss_sum'] / denom, 'mlm_accuracy': totals['correct_sum'] / denom,
-          'num_masked': totals['weight_sum'],
-          'baseline_accuracy': float(baseline_local[0] / max(baseline_local[1], 1.0)),
-          'baseline_token': data.tokenizer.id_to_piece(top_token)}
+  result = {'loss': totals['loss_sum'] / denom, 'mlm_accuracy': totals['correct_sum'] / denom,
+            'num_masked': totals['weight_sum'],
+            'baseline_accuracy': float(baseline_local[0] / max(baseline_local[1], 1.0)),
+            'baseline_token': data.tokenizer.id_to_piece(top_token)}
+  if 'pair_weight_sum' in totals:
+    rows = max(totals['pair_weight_sum'], 1.0)
+    result['sentence_pair_loss'] = totals['pair_loss_sum'] / rows
+    result['sentence_pair_accuracy'] = totals['pair_correct_sum'] / rows
+  return result
+
+
+class _DeviceFeed:
+  """Keeps the next global batch on the devices ahead of the step that needs it.
+
+  `fill()` right after dispatching a step builds the next batch (host
+  pipeline, then transfer) while the devices compute; `take_wait()` returns
+  the seconds spent blocked on the host pipeline since the last call.
+  """
+
+  def __init__(self, host_batches, mesh, ahead: int = 1):
+    self._host_batches = host_batches
+    self._mesh = mesh
+    self._ahead = ahead
+    self._queue: collections.deque = collections.deque()
+    self._wait = 0.0
+
+  def fill(self) -> None:
+    while len(self._queue) < self._ahead:
+      start = time.perf_counter()
+      host = next(self._host_batches)
+      self._wait += time.perf_counter() - start
+      self._queue.append(sharding.to_global(host, self._mesh))
+
+  def pop(self) -> dict[str, jax.Array]:
+    self.fill()
+    return self._queue.popleft()
+
+  def take_wait(self) -> float:
+    wait, self._wait = self._wait, 0.0
+    return wait
 
 
 class _StopRequest:
   """Turns the first SIGINT/SIGTERM into a request to checkpoint and stop.
 
-  A second signal interrupts at once (the last complete checkpoint remains).
+  One process: the signal sets the request, honoured after the current step.
+  Several processes must all save the same step, whichever of them got the
+  signal and whenever: SIGTERM is left to JAX's preemption service (installed
+  by jax.distributed.initialize), which propagates the notice to every
+  process and names a step all of them reach; `poll(step)` asks it every
+  step. SIGINT is turned into a SIGTERM to this process, so Ctrl-C takes the
+  same path. A second signal interrupts at once (the last complete checkpoint
+  remains).
   """
 
-  def __init__(self):
+  def __init__(self, multi_process: bool = False):
     self.requested = False
     self.signal_name = ''
+    self._multi_process = multi_process
     self._previous: dict[int, Any] = {}
 
+  def poll(self, step: int) -> None:
+    """Call once per step on every process, after the step."""
+    if self._multi_process and multihost_utils.reached_preemption_sync_point(step):
+      self.requested = True
+      self.signal_name = self.signal_name or 'SIGTERM'
+
   def _handle(self, signum, frame):
-    if self.requested:
+    if self.requested or (self._multi_process and self.signal_name):
       raise KeyboardInterrupt
-    self.requested = True
     self.signal_name = signal.Signals(signum).name
+    if self._multi_process:
+      logging.warning('%s received: all processes will save a checkpoint at a step they agree '
+                      'on (send again to abort).', self.signal_name)
+      os.kill(os.getpid(), signal.SIGTERM)  # To JAX's preemption notifier.
+      return
+    self.requested = True
     logging.warning('%s received: saving a checkpoint after this step (send again to abort).',
                     self.signal_name)
 
   def __enter__(self):
     if threading.current_thread() is not threading.main_thread():
       return self  # Signals are delivered to the main thread only.
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    signals = (signal.SIGINT,) if self._multi_process else (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
       self._previous[sig] = signal.signal(sig, self._handle)
     return self
 

@@ -39,7 +39,8 @@ def load(workdir: str, step: int | None = None) -> TrainedRun:
     config = json.load(f)
   resolved = config['resolved']
   model_cfg = model_lib.ModelConfig.from_config(
-      config['model'], resolved['vocab_size'], resolved['padded_vocab_size'], jnp.float32)
+      config['model'], resolved['vocab_size'], resolved['padded_vocab_size'], jnp.float32,
+      sentence_pair_head=config.get('sentence_pair', {}).get('task', 'none') != 'none')
   step, params, meta = ckpt_lib.restore_params(os.path.join(workdir, 'checkpoints'), step)
   ckpt_lib.check_meta(meta, model_cfg.shape_record(), f'{step} of {workdir}')
   tokenizer = tok_lib.Tokenizer(os.path.join(workdir, 'tokenizer.model'))

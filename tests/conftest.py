@@ -2,8 +2,11 @@
 
 import os
 
-os.environ['XLA_FLAGS'] = ' '.join(
-    [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']).strip()
+# A subprocess started by a test (its config file imports this module) keeps
+# the device count the test gave it.
+if '--xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', ''):
+  os.environ['XLA_FLAGS'] = ' '.join(
+      [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import pathlib  # noqa: E402
@@ -65,9 +68,15 @@ def prepared(corpus_glob, tmp_path_factory):
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
-def write_config_file(path, corpus_glob: str, data_dir: str, **train) -> str:
-  """A config file for `python -m mlm_jax.train`: the micro config with train overrides."""
-  overrides = ''.join(f'  config.train.{k} = {v!r}\n' for k, v in train.items())
+def write_config_file(path, corpus_glob: str, data_dir: str, other: dict | None = None,
+                      **train) -> str:
+  """A config file for `python -m mlm_jax.train`: the micro config with overrides.
+
+  Keyword arguments set config.train fields; `other` maps dotted names
+  ('mesh.fsdp') to values.
+  """
+  fields = {f'train.{k}': v for k, v in train.items()} | (other or {})
+  overrides = ''.join(f'  config.{k} = {v!r}\n' for k, v in fields.items())
   path.write_text(
       'import sys\n'
       f'sys.path.insert(0, {str(REPO)!r})\n'

@@ -16,6 +16,7 @@ transformers = pytest.importorskip('transformers')
 pytest.importorskip('safetensors')
 pytest.importorskip('tokenizers')
 
+import flax.linen  # noqa: E402
 import jax  # noqa: E402
 import optax  # noqa: E402
 
@@ -112,6 +113,7 @@ def _random_params(cfg: model_lib.ModelConfig, seed: int = 0):
   batch = {'input_ids': ids, 'attention_mask': ids + 1, 'segment_ids': ids,
            'masked_positions': ids[:, :2]}
   params = model_lib.BertForMLM(cfg).init(jax.random.key(seed), batch)['params']
+  params = flax.linen.unbox(params)  # Drop the logical axis names.
   leaves, tree = jax.tree_util.tree_flatten(params)
   rng = np.random.default_rng(seed)
   return jax.tree_util.tree_unflatten(

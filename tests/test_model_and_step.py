@@ -104,7 +104,7 @@ def test_loss_is_divided_by_the_global_number_of_masked_tokens():
 
 
 def _run_steps(devices, batches, cfg):
-  mesh = sharding.make_mesh(devices)
+  mesh = sharding.make_mesh(devices=devices)
   state = _state(cfg, batches[0])
   repl = sharding.replicated(mesh)
   state = jax.device_put(state, repl)

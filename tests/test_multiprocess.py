@@ -2,9 +2,12 @@
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -61,3 +64,47 @@ def test_two_processes_of_four_devices_match_one_of_eight_and_one_device(prepare
   np.testing.assert_allclose([l for _, l in two], [l for _, l in one], rtol=1e-5)
   # Only process 0 wrote metrics (one record per step), and both wrote the checkpoint.
   assert os.path.isdir(tmp_path / 'p2x4' / 'checkpoints' / str(NUM_STEPS))
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_step_and_resumes(prepared, tmp_path):
+  """A preemption notice reaches one host; all hosts must save the same step."""
+  config, data = prepared
+  num_steps = 40
+  config_file = write_config_file(tmp_path / 'micro.py', config.data.corpus, data.data_dir,
+                                  num_steps=num_steps, log_every=1, eval_every=num_steps,
+                                  checkpoint_every=num_steps)
+  workdir = str(tmp_path / 'run')
+  port = _free_port()
+  cmd = [sys.executable, '-m', 'mlm_jax.train', f'--config={config_file}', f'--workdir={workdir}',
+         f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2']
+  procs = [subprocess.Popen(cmd + [f'--process_id={i}'], cwd=REPO, env=_env(2),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  deadline = time.time() + 240
+  while time.time() < deadline and not (
+      os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 3):
+    assert all(p.poll() is None for p in procs), 'a process ended before the signal'
+    time.sleep(0.05)
+  procs[1].send_signal(signal.SIGTERM)       # Process 1 only.
+  errs = [p.communicate(timeout=240)[1] for p in procs]
+  for p, err in zip(procs, errs):
+    assert p.returncode == 0, err[-3000:]
+  stops = [re.search(r'Stopped by SIGTERM at step (\d+)', err) for err in errs]
+  assert all(stops), errs[0][-2000:]
+  stop_step = int(stops[0].group(1))
+  assert int(stops[1].group(1)) == stop_step < num_steps
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == [str(stop_step)]
+
+  # The same command resumes both processes from that checkpoint.
+  port = _free_port()
+  cmd = [c if not c.startswith('--coordinator_address') else f'--coordinator_address=127.0.0.1:{port}'
+         for c in cmd]
+  procs = [subprocess.Popen(cmd + [f'--process_id={i}'], cwd=REPO, env=_env(2),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  for p in procs:
+    err = p.communicate(timeout=240)[1]
+    assert p.returncode == 0, err[-3000:]
+    assert f'at step {stop_step}' in err
+  assert os.path.isdir(os.path.join(workdir, 'checkpoints', str(num_steps)))

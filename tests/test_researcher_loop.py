@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import flax.linen
 import jax
 import numpy as np
 import pytest
@@ -195,7 +196,7 @@ def test_all_layers_leaves_the_parameters_and_the_default_output_alone():
   batch = {'input_ids': ids, 'segment_ids': np.zeros_like(ids), 'attention_mask': np.ones_like(ids),
            'masked_positions': np.array([[1, 3], [2, 7]], np.int32)}
   model = model_lib.BertForMLM(cfg)
-  params = model.init(jax.random.key(0), batch)
+  params = flax.linen.unbox(model.init(jax.random.key(0), batch))
   names = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)}
   assert "['params']['encoder']['layer_1']['output_layer_norm']['scale']" in names
   assert len(names) == 2 + 3 + 2 * 16 + 5  # embeddings LN, tables, 2 blocks, head
