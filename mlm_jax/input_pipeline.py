@@ -1,14 +1,13 @@
 """Grain input pipeline over the prepared rows: numpy only, no model code.
 
-Global batch s holds the rows s*B .. s*B+B-1 of the shuffled, repeated
-dataset (reshuffled every epoch by grain). Process p of n reads only its own
+Global batch s holds the rows s*B .. s*B+B-1 of the repeated dataset,
+shuffled anew every epoch (grain's index_shuffle, see stream_to_source). Process p of n reads only its own
 contiguous slice of b = B/n rows of every global batch, so the global batch
 and its masks are the same whatever the number of processes or devices:
 
   rows of the shuffled stream:  | step s: p0 p1 ... p(n-1) | step s+1: ... |
 
-Masks are keyed by (seed, step, global row index). Grain shuffles row indices
-only; a worker reads the rows of several consecutive steps at once, masks them
+Masks are keyed by (seed, step, global row index). A worker reads the rows of several consecutive steps at once, masks them
 in one vectorised call (numpy's per-call cost is ~0.3 ms, a batch of 16 rows
 alone would pay it 16 times over) and the main process splits the chunk back
 into steps. With `worker_count` > 0 grain runs that in worker processes, chunk
@@ -35,6 +34,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grain
+import grain.experimental as grain_experimental
 import numpy as np
 from absl import flags
 from tensorflow_datasets.proto import tf_example_pb2
@@ -191,6 +191,20 @@ class BatchBuilder:
     return batch
 
 
+def stream_to_source(rows: np.ndarray, num_rows: int, seed: int) -> np.ndarray:
+  """Global stream positions [n] -> source row indices [n]: a new permutation every epoch.
+
+  Position r is row index_shuffle(r mod N) of epoch r // N, with grain's
+  bijective index_shuffle seeded by seed + epoch: what grain's
+  MapDataset.range(N).repeat().shuffle(seed) gives, called directly per row
+  (the dataset machinery around it costs ~3x the shuffle itself).
+  """
+  epochs, within = np.divmod(rows, num_rows)
+  return np.array([grain_experimental.index_shuffle(int(i), max_index=num_rows - 1,
+                                                    seed=int((seed + e) % 2**32), rounds=4)
+                   for e, i in zip(epochs, within)], np.int64)
+
+
 def _split_chunks(chunks: Iterator[dict[str, np.ndarray]],
                   local: int) -> Iterator[dict[str, np.ndarray]]:
   """Chunks of several steps' rows -> one batch of `local` rows per step."""
@@ -217,23 +231,17 @@ def train_batches(source: Any, masker: masking.Masker, *, global_batch: int, see
     raise ValueError(f'global batch {global_batch} does not divide over {process_count} processes')
   local = global_batch // process_count
   builder = BatchBuilder(RowReader(source), masker, seed, sentence_pair)
-  # ~1e12 rows: endless in practice, yet small enough for len() after batching.
-  epochs = max(1, 2**40 // len(source))
-  ds = (grain.MapDataset.range(len(source))
-        .shuffle(seed=seed)
-        .repeat(epochs)
-        .batch(local))
-  # Element c of `ds` holds stream rows c*local ...; step s of process p is c = s*n + p.
-  ds = ds[start_step * process_count + process_index::process_count]
   steps_per_chunk = max(1, chunk_rows // local)
-  ds = ds.batch(steps_per_chunk)  # [steps, local] row indices
 
-  def build(c: int, indices: np.ndarray) -> dict[str, np.ndarray]:
-    steps = start_step + c * steps_per_chunk + np.arange(len(indices))
+  def build(c: int) -> dict[str, np.ndarray]:
+    steps = start_step + c * steps_per_chunk + np.arange(steps_per_chunk)
     rows = (steps[:, None] * global_batch + process_index * local + np.arange(local)).ravel()
-    return builder(indices.ravel(), step=np.repeat(steps, local), rows=rows)
+    return builder(stream_to_source(rows, len(source), seed), step=np.repeat(steps, local),
+                   rows=rows)
 
-  chunks = ds.map_with_index(build).to_iter_dataset(
+  # ~1e12 rows: endless in practice.
+  ds = grain.MapDataset.range(2**40 // (steps_per_chunk * global_batch)).map(build)
+  chunks = ds.to_iter_dataset(
       grain.ReadOptions(num_threads=1 if worker_count else 2, prefetch_buffer_size=prefetch))
   if worker_count:
     if not flags.FLAGS.is_parsed():

@@ -190,3 +190,15 @@ def test_pipeline_bench_prints_tokens_per_second(prepared, tmp_path):
   match = re.search(r'tokens/s per process \(median of 2 windows\): ([\d,]+)', out.stdout)
   assert match and int(match.group(1).replace(',', '')) > 0, out.stdout
   assert 'masking=span' in out.stdout and 'workers=1' in out.stdout
+
+
+def test_every_epoch_is_a_new_permutation_of_the_rows():
+  n = 37
+  epochs = [input_pipeline.stream_to_source(np.arange(e * n, (e + 1) * n), n, seed=3)
+            for e in range(3)]
+  for order in epochs:
+    assert sorted(order.tolist()) == list(range(n))
+  assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
+  np.testing.assert_array_equal(epochs[1], input_pipeline.stream_to_source(
+      np.arange(n, 2 * n), n, seed=3))                        # A function of (seed, position).
+  assert not np.array_equal(epochs[0], input_pipeline.stream_to_source(np.arange(n), n, seed=4))
