@@ -7,6 +7,7 @@ config -> mesh -> data -> model -> state -> checkpoint -> steps -> loop.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import os
@@ -61,22 +62,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   logging.info('Data: %s (%d train rows, %d validation rows)', data.data_dir,
                data.stats['train']['rows'], data.stats['validation']['rows'])
 
-  # ----------------------------------------------------------------- model
-  model_cfg = model_lib.ModelConfig.from_config(
-      config.model, tokenizer.vocab_size, tok_lib.padded_vocab_size(tokenizer.vocab_size),
-      config_lib.compute_dtype(config.model.dtype),
-      sentence_pair_head=config.sentence_pair.task != 'none')
-  model = model_lib.BertForMLM(model_cfg)
-  schedule = step_lib.learning_rate_schedule(config.train)
-  tx = step_lib.make_optimizer(config.train)
-
-  # ----------------------------------------------------------------- state
+  # ----------------------------------------------------- model and state
   # Initialised under jit straight into its sharding (split on `fsdp`).
-  root_rng = jax.random.key(config.seed)
-  init_rng, dropout_rng = jax.random.split(root_rng)
-  example = _example_batch(config.data.seq_len, config.masking.max_predictions,
-                           config.sentence_pair.task != 'none')
-  state, state_sh = step_lib.create_sharded_state(model, tx, init_rng, example, mesh)
+  built = build(config, tokenizer.vocab_size, mesh)
+  model_cfg, state, dropout_rng = built.model_cfg, built.state, built.dropout_rng
   num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
   state_bytes = _state_bytes(state)
   logging.info('Model: %s parameters, compute dtype %s; train state %.1f MiB, %.1f MiB on each '
@@ -103,12 +92,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info('Initialised from the Hugging Face BERT in %s', config.init.hf_dir)
 
   # ----------------------------------------------------------------- steps
-  repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-  train_step = jax.jit(step_lib.make_train_step(schedule, config.train.grad_accum_steps,
-                                                config.sentence_pair.loss_weight),
-                       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
-                       donate_argnums=0)
-  eval_step = jax.jit(step_lib.eval_step, in_shardings=(state_sh, batch_sh), out_shardings=repl)
+  train_step, eval_step = built.train_step, built.eval_step
 
   def evaluate(state) -> dict[str, float]:
     return _evaluate(eval_step, state, data, masker, config, mesh)
@@ -230,6 +214,41 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
 
 # ---------------------------------------------------------------- helpers
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+  """What a run trains: the model's shapes, a fresh sharded state and the jitted steps."""
+
+  model_cfg: model_lib.ModelConfig
+  state: step_lib.TrainState
+  train_step: Any     # (state, batch, dropout_rng) -> (state, metrics); donates the state.
+  eval_step: Any      # (state, batch) -> loss/accuracy sums.
+  dropout_rng: jax.Array
+
+
+def build(config: ml_collections.ConfigDict, vocab_size: int, mesh) -> Built:
+  """The model, a freshly initialised state and the jitted steps of `config` on `mesh`.
+
+  The trainer and the benchmark both build through here, so they time and
+  train the same program.
+  """
+  pairs = config.sentence_pair.task != 'none'
+  model_cfg = model_lib.ModelConfig.from_config(
+      config.model, vocab_size, tok_lib.padded_vocab_size(vocab_size),
+      config_lib.compute_dtype(config.model.dtype), sentence_pair_head=pairs)
+  model = model_lib.BertForMLM(model_cfg)
+  tx = step_lib.make_optimizer(config.train)
+  init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
+  example = _example_batch(config.data.seq_len, config.masking.max_predictions, pairs)
+  state, state_sh = step_lib.create_sharded_state(model, tx, init_rng, example, mesh)
+  repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+  train_step = jax.jit(
+      step_lib.make_train_step(step_lib.learning_rate_schedule(config.train),
+                               config.train.grad_accum_steps, config.sentence_pair.loss_weight),
+      in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0)
+  eval_step = jax.jit(step_lib.eval_step, in_shardings=(state_sh, batch_sh), out_shardings=repl)
+  return Built(model_cfg, state, train_step, eval_step, dropout_rng)
 
 
 def _resolve_init_tokenizer(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
