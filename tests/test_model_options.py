@@ -110,17 +110,39 @@ def test_attention_choice():
   assert not model_lib.uses_cudnn_attention(_cfg())                 # auto on a CPU
   assert not model_lib.uses_cudnn_attention(_cfg(attention='xla'))
   assert model_lib.uses_cudnn_attention(_cfg(attention='cudnn'))
-  # The fused path takes lengths, so padding must be at the end of each row,
-  # as the pipeline makes it: then the explicit softmax path (used with
-  # attention dropout) and the library call agree.
-  batch = _batch()
-  cfg = _cfg()
-  params = _params(cfg, batch)
-  model = model_lib.BertForMLM(_cfg(attention_dropout_rate=1e-9))  # explicit path, ~no dropout
-  explicit = model.apply({'params': params}, batch, deterministic=False,
-                         rngs={'dropout': jax.random.key(0)})
-  fused = model_lib.BertForMLM(cfg).apply({'params': params}, batch)
-  np.testing.assert_allclose(explicit, fused, atol=2e-5)
+
+
+def test_softmax_attention_matches_the_library_with_its_gradients():
+  # Ours scales q, adds a mask bias and divides after the product with v;
+  # jax.nn.dot_product_attention is the reference (values and gradients),
+  # with padding at the end of rows as the pipeline makes it.
+  rng = np.random.default_rng(0)
+  b, t, n, h = 3, 10, 2, 4
+  q, k, v = (jnp.asarray(rng.normal(size=(b, t, n, h)) * 3, jnp.float32) for _ in range(3))
+  key_mask = jnp.asarray(np.arange(t)[None] < np.array([10, 6, 1])[:, None])
+  g = jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32)
+
+  def loss(f, *qkv):
+    return jnp.sum(f(*qkv) * g)
+  ours = lambda q, k, v: model_lib.softmax_attention(q, k, v, key_mask)
+  ref = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=key_mask[:, None, None, :],
+                                                     implementation='xla')
+  np.testing.assert_allclose(ours(q, k, v), ref(q, k, v), atol=1e-5, rtol=1e-5)
+  for a, r in zip(jax.grad(lambda *x: loss(ours, *x), argnums=(0, 1, 2))(q, k, v),
+                  jax.grad(lambda *x: loss(ref, *x), argnums=(0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(a, r, atol=1e-4, rtol=1e-4)
+  # Masked keys get no weight: changing them changes nothing.
+  k2 = k.at[1, 6:].set(100.0)
+  np.testing.assert_allclose(ours(q, k2, v), ours(q, k, v), atol=1e-6)
+  # Dropout acts on the probabilities: dropping everything leaves zeros.
+  dropped = model_lib.softmax_attention(q, k, v, key_mask, dropout=jnp.zeros_like)
+  np.testing.assert_array_equal(dropped, 0.0)
+
+
+def test_gelu_is_the_exact_erf_gelu():
+  x = jnp.linspace(-8.0, 8.0, 1001)
+  np.testing.assert_allclose(model_lib._gelu(x), jax.nn.gelu(x, approximate=False),
+                             atol=1e-6, rtol=1e-6)
 
 
 def test_drop_tokens_keeps_masked_tokens_cls_and_order_and_drops_padding_first():
