@@ -154,6 +154,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Split each global batch into this many micro-batches inside the step
   # (same update, less memory); batch_size must divide by devices x this.
   config.train.grad_accum_steps = 1
+  # Split each (micro-)batch into this many parts whose forward/backward
+  # passes run side by side in one step (same update): XLA's CPU runtime then
+  # keeps several cores busy. 0 = auto: 2 on a single CPU device, else 1.
+  config.train.concurrent_chains = 0
   # Peak learning rate.
   config.train.learning_rate = 1e-4
   # Steps of linear warm-up from 0 to the peak; then linear decay to 0.

@@ -112,6 +112,7 @@ class _JaxRunner:
     mesh = sharding.make_mesh(config.mesh.fsdp)
     built = trainer.build(config, config.tokenizer.vocab_size, mesh)
     self.model_cfg, self._state, step = built.model_cfg, built.state, built.train_step
+    self.chains = built.chains
     self._rng = jax.device_put(built.dropout_rng, sharding.replicated(mesh))
     self._batches = [sharding.to_global(b, mesh) for b in host_batches]
     start = time.perf_counter()
@@ -314,7 +315,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
   flops_per_token = _flops_per_token(model_cfg, config.data.seq_len, config.masking.max_predictions)
   result = {
       'machine': _machine(backend, device_kind, compare),
-      'shape': _shape(config, model_cfg),
+      'shape': _shape(config, model_cfg) | {'concurrent_chains': ours.chains},
       'timing': {'warmup': warmup, 'steps': steps, 'repeats': repeats, 'num_batches': num_batches},
       'tokens_per_step': tokens_per_step,
       'flops_per_token': flops_per_token,
@@ -408,7 +409,8 @@ def format_report(result: dict[str, Any]) -> str:
       f'L={s["num_layers"]} d={s["hidden_size"]} heads={s["num_heads"]} '
       f'd_ff={s["intermediate_size"]} T={s["seq_len"]} P={s["max_predictions"]} '
       f'V={s["padded_vocab_size"]} ({s["vocab_size"]} real) B={s["batch_size"]} {s["dtype"]} '
-      f'dropout={s["dropout_rate"]}/{s["attention_dropout_rate"]}',
+      f'dropout={s["dropout_rate"]}/{s["attention_dropout_rate"]} '
+      f'chains={s.get("concurrent_chains", 1)}',
       f'{m["jax_backend"]}: {m["num_devices"]} x {m["device_kind"]}, {m["cpu_count"]} CPUs, '
       f'jax {m["jax_version"]}' + (f', torch {m["torch_version"]}' if 'torch_version' in m else ''),
       f'{result["timing"]["repeats"]} windows of {result["timing"]["steps"]} steps after '

@@ -81,8 +81,18 @@ def _loss_terms(outputs: dict[str, Array], batch: Batch) -> dict[str, Array]:
   return terms
 
 
+def split_rows(batch: Batch, k: int) -> Batch:
+  """[B, ...] leaves -> [k, B/k, ...]; part i holds rows i, i+k, i+2k, ...
+
+  Each device's rows stay on that device in every part (no data movement),
+  as long as each device holds a multiple of k rows.
+  """
+  return jax.tree_util.tree_map(
+      lambda x: jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1), batch)
+
+
 def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
-                    sentence_pair_weight: float = 1.0) -> Callable:
+                    sentence_pair_weight: float = 1.0, chains: int = 1) -> Callable:
   """Returns train_step(state, batch, rng) -> (state, metrics); jit it with donation.
 
   The objective is sum(w * CE) / |M| with |M| = sum(masked_weights) over the
@@ -93,6 +103,13 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
   simply add up to the gradient of one batch of B rows (dropout aside) —
   not a mean of micro-batch means. Micro-batch i takes rows i, i+k, i+2k, ...:
   every device keeps contributing its own rows, with no data movement.
+
+  `chains` > 1 splits each (micro-)batch the same way into that many parts
+  whose forward and backward passes are written out side by side in one
+  program and summed: the same update, but independent chains of operations
+  that XLA's CPU runtime executes concurrently, one per core (its elementwise
+  kernels are single-threaded). Chain j draws its dropout with
+  fold_in(key, j); chains = 1 leaves the key as it is.
   """
 
   def train_step(state: TrainState, batch: Batch, rng: Array):
@@ -109,13 +126,21 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
         loss += sentence_pair_weight * terms['pair_loss_sum'] / num_pairs
       return loss, terms
 
-    grad_fn = jax.grad(loss_fn, has_aux=True)
+    single = jax.grad(loss_fn, has_aux=True)
+
+    def grad_fn(params, micro: Batch, key: Array):
+      if chains == 1:
+        return single(params, micro, key)
+      parts = split_rows(micro, chains)
+      results = [single(params, jax.tree_util.tree_map(lambda x: x[j], parts),
+                        jax.random.fold_in(key, j)) for j in range(chains)]
+      return jax.tree_util.tree_map(lambda *xs: sum(xs[1:], xs[0]), *results)
+
     if grad_accum_steps == 1:
       grads, terms = grad_fn(state.params, batch, dropout_rng)
     else:
       k = grad_accum_steps
-      micro_batches = jax.tree_util.tree_map(                      # [k, B/k, ...]
-          lambda x: jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1), batch)
+      micro_batches = split_rows(batch, k)                         # [k, B/k, ...]
 
       def accumulate(carry, xs):
         micro, i = xs

@@ -69,9 +69,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
   state_bytes = _state_bytes(state)
   logging.info('Model: %s parameters, compute dtype %s; train state %.1f MiB, %.1f MiB on each '
-               'device (mesh data=%d x fsdp=%d)', f'{num_params:,}', jnp.dtype(model_cfg.dtype).name,
+               'device (mesh data=%d x fsdp=%d); %d concurrent chain(s) per step',
+               f'{num_params:,}', jnp.dtype(model_cfg.dtype).name,
                state_bytes['total'] / 2**20, state_bytes['per_device'] / 2**20,
-               mesh.shape[sharding.DATA_AXIS], mesh.shape[sharding.FSDP_AXIS])
+               mesh.shape[sharding.DATA_AXIS], mesh.shape[sharding.FSDP_AXIS], built.chains)
 
   # ------------------------------------------------------------ checkpoint
   checkpointer = ckpt_lib.Checkpointer(
@@ -196,6 +197,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                          wall_time_s=time.perf_counter() - run_start, counters=counters,
                          earlier_tokens=earlier_tokens, is_main=is_main)
   summary['mesh'] = dict(mesh.shape)
+  summary['concurrent_chains'] = built.chains
   summary['state_bytes'] = state_bytes['total']
   summary['state_bytes_per_device'] = state_bytes['per_device']
   if last_eval:
@@ -225,6 +227,7 @@ class Built:
   train_step: Any     # (state, batch, dropout_rng) -> (state, metrics); donates the state.
   eval_step: Any      # (state, batch) -> loss/accuracy sums.
   dropout_rng: jax.Array
+  chains: int         # config.train.concurrent_chains, resolved.
 
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh) -> Built:
@@ -243,12 +246,14 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh) -> Built:
   example = _example_batch(config.data.seq_len, config.masking.max_predictions, pairs)
   state, state_sh = step_lib.create_sharded_state(model, tx, init_rng, example, mesh)
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+  chains = config_lib.concurrent_chains(config.train, mesh.size)
   train_step = jax.jit(
       step_lib.make_train_step(step_lib.learning_rate_schedule(config.train),
-                               config.train.grad_accum_steps, config.sentence_pair.loss_weight),
+                               config.train.grad_accum_steps, config.sentence_pair.loss_weight,
+                               chains),
       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0)
   eval_step = jax.jit(step_lib.eval_step, in_shardings=(state_sh, batch_sh), out_shardings=repl)
-  return Built(model_cfg, state, train_step, eval_step, dropout_rng)
+  return Built(model_cfg, state, train_step, eval_step, dropout_rng, chains)
 
 
 def _resolve_init_tokenizer(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
