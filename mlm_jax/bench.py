@@ -43,6 +43,7 @@ from ml_collections import config_flags
 from mlm_jax import config_lib
 from mlm_jax import flops as flops_lib
 from mlm_jax import hf as hf_lib
+from mlm_jax import host_malloc
 from mlm_jax import masking
 from mlm_jax import model as model_lib
 from mlm_jax import sharding
@@ -362,7 +363,8 @@ def _shape(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig) 
 def _machine(backend: str, device_kind: str, compare: str) -> dict[str, Any]:
   machine = {'jax_version': jax.__version__, 'jax_backend': backend, 'device_kind': device_kind,
              'num_devices': jax.device_count(), 'cpu_count': os.cpu_count(),
-             'python': platform.python_version(), 'platform': platform.platform()}
+             'python': platform.python_version(), 'platform': platform.platform(),
+             'host_malloc': host_malloc.description()}
   if compare == 'hf':
     import torch
     import transformers
@@ -412,7 +414,8 @@ def format_report(result: dict[str, Any]) -> str:
       f'dropout={s["dropout_rate"]}/{s["attention_dropout_rate"]} '
       f'chains={s.get("concurrent_chains", 1)}',
       f'{m["jax_backend"]}: {m["num_devices"]} x {m["device_kind"]}, {m["cpu_count"]} CPUs, '
-      f'jax {m["jax_version"]}' + (f', torch {m["torch_version"]}' if 'torch_version' in m else ''),
+      f'jax {m["jax_version"]}' + (f', torch {m["torch_version"]}' if 'torch_version' in m else '')
+      + f'; host malloc {m.get("host_malloc", "default")} (both systems: one process)',
       f'{result["timing"]["repeats"]} windows of {result["timing"]["steps"]} steps after '
       f'{result["timing"]["warmup"]} warm-up steps; {result["tokens_per_step"]:,.0f} tokens/step; '
       f'{result["flops_per_token"] / 1e6:,.2f} MFLOPs/token (flops.py)',
@@ -435,6 +438,7 @@ def format_report(result: dict[str, Any]) -> str:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  host_malloc.tune()
   try:
     result = run_benchmark(
         _CONFIG.value, warmup=_WARMUP.value, steps=_STEPS.value, repeats=_REPEATS.value,

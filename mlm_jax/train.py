@@ -17,6 +17,7 @@ from ml_collections import config_flags
 from mlm_jax import checkpoint
 from mlm_jax import config_lib
 from mlm_jax import corpus
+from mlm_jax import host_malloc
 from mlm_jax import prepare
 from mlm_jax import sharding
 from mlm_jax import trainer
@@ -47,8 +48,11 @@ class _QuietLibraries:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  # Before any other thread allocates: see host_malloc.py.
+  malloc = host_malloc.tune()
   logging.set_verbosity(logging.INFO)
   logging.get_absl_handler().addFilter(_QuietLibraries())
+  logging.info('Host malloc: %s', malloc)
   sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   try:
     trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)

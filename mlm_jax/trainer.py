@@ -28,6 +28,7 @@ from jax.experimental import multihost_utils
 from mlm_jax import checkpoint as ckpt_lib
 from mlm_jax import config_lib
 from mlm_jax import flops as flops_lib
+from mlm_jax import host_malloc
 from mlm_jax import input_pipeline
 from mlm_jax import masking
 from mlm_jax import metrics as metrics_lib
@@ -198,6 +199,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                          earlier_tokens=earlier_tokens, is_main=is_main)
   summary['mesh'] = dict(mesh.shape)
   summary['concurrent_chains'] = built.chains
+  summary['host_malloc'] = host_malloc.description()
   summary['state_bytes'] = state_bytes['total']
   summary['state_bytes_per_device'] = state_bytes['per_device']
   if last_eval:
