@@ -43,7 +43,9 @@ _TUNE = flags.DEFINE_bool(
 
 # glibc's mallopt parameter numbers (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
-_INT_MAX = 2**31 - 1
+# A trim threshold of -1 disables trimming (mallopt(3)); the largest positive
+# one, 2 GiB, would still trim the heap under a BERT-base step's buffers.
+_NEVER = -1
 
 _applied: str | None = None
 
@@ -67,7 +69,7 @@ def tune(enabled: bool | None = None) -> str:
   else:
     libc = ctypes.CDLL(None)
     ok = all(libc.mallopt(param, value) == 1 for param, value in (
-        (_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _INT_MAX)))
+        (_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER)))
     _applied = ('glibc: one arena, no mmap, no trim' if ok else
                 'default (mallopt refused the settings)')
   return _applied
