@@ -5,15 +5,16 @@ train step of configs/tiny.py) with malloc and frees it when the step ends.
 glibc serves an allocation that large with a fresh `mmap` and gives it back
 with `munmap`, so every step the kernel maps the pages again and the step's
 first write to each of them faults: ~31,000 page faults and ~65 ms of kernel
-time per tiny step on a 2-core machine, i.e. a third of its CPU time.
+time per tiny step on a 2-core machine, a quarter of its CPU time.
 
 `tune()` asks glibc to serve every thread from the one main arena, never to
 use `mmap` for an allocation and never to trim the heap, so a buffer freed at
 the end of one step is the buffer of the next and its pages stay mapped.
 Measured on 2 cores (configs/tiny.py, README "Performance"): 0 page faults
-instead of 31,000 per step and a 10-20% shorter step. The settings must be
-made before a second thread first calls malloc (glibc fixes the number of
-arenas then), so the command-line entry points call `tune()` first thing.
+instead of 31,000 per step and a step about 10-25% shorter. The settings
+must be made before a second thread first calls malloc (glibc fixes the
+number of arenas then), so the command-line entry points call `tune()`
+first thing.
 
 Only the CPU backend gains: on an accelerator host the step's buffers live on
 the device, and one arena shared by every host thread of the input pipeline
@@ -21,7 +22,8 @@ would only add lock contention. `tune()` therefore acts only when JAX will run
 on its CPU backend (JAX_PLATFORMS / jax_platforms names cpu first, or no
 accelerator plugin is installed), only with glibc, and only once per process.
 The trade-off: memory the process frees is kept for reuse rather than given
-back to the system, so its resident size stays at its peak.
+back to the system, so its resident size stays at its peak (BERT-base at
+batch 8: 5.3 GiB instead of 3.8 GiB).
 """
 
 from __future__ import annotations
