@@ -9,9 +9,9 @@ import pytest
 
 from tests.test_bench import REPO
 
-# Times the tiny config's train step on one CPU device and prints the page
-# faults per step (the step's 128 MB temporary buffer is above glibc's mmap
-# threshold, so by default it is mapped afresh every step).
+# Runs the tiny config's train step on one CPU device and prints the page
+# faults per step of the last window (the step's 128 MB temporary buffer is
+# above glibc's mmap threshold, so by default it is mapped afresh every step).
 _FAULTS_PER_STEP = '''
 import resource, sys
 from mlm_jax import host_malloc
