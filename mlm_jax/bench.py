@@ -415,7 +415,8 @@ def format_report(result: dict[str, Any]) -> str:
       f'chains={s.get("concurrent_chains", 1)}',
       f'{m["jax_backend"]}: {m["num_devices"]} x {m["device_kind"]}, {m["cpu_count"]} CPUs, '
       f'jax {m["jax_version"]}' + (f', torch {m["torch_version"]}' if 'torch_version' in m else '')
-      + f'; host malloc {m.get("host_malloc", "default")} (both systems: one process)',
+      + f'; host malloc {m.get("host_malloc", "default")}'
+      + (' (both systems: one process)' if 'torch_version' in m else ''),
       f'{result["timing"]["repeats"]} windows of {result["timing"]["steps"]} steps after '
       f'{result["timing"]["warmup"]} warm-up steps; {result["tokens_per_step"]:,.0f} tokens/step; '
       f'{result["flops_per_token"] / 1e6:,.2f} MFLOPs/token (flops.py)',
