@@ -42,6 +42,12 @@ Options (each also read from the environment variable in brackets):
   --cache_dir DIR   where the prepared data goes [MLM_JAX_CACHE] (default:
                     ~/.cache/mlm_jax); must be seen by every node, as must
                     --config.data.data_dir if set
+  --gpu TYPE        the nodes' GPUs for the pre-flight: h100 or a100 [MLM_JAX_GPU]
+                    (default: h100)
+  --no_preflight    skip the pre-flight: by default the train step is first
+                    compiled for the job's GPUs (python -m mlm_jax.preflight
+                    --target=GPUxPER_NODExNODES, on the CPU, before sbatch and
+                    again in the job before srun) and nothing runs unless it fits
   --dry_run         print the commands instead of running them (and, outside an
                     allocation, the sbatch command that would submit the job) [MLM_JAX_DRY_RUN=1]
   -h, --help        show this help
@@ -69,6 +75,8 @@ workdir=${MLM_JAX_WORKDIR:-}
 venv=${MLM_JAX_VENV:-}
 cache_dir=${MLM_JAX_CACHE:-}
 dry_run=${MLM_JAX_DRY_RUN:-0}
+gpu=${MLM_JAX_GPU:-h100}
+preflight=1
 [[ $dry_run == 0 || $dry_run == 1 ]] || die "MLM_JAX_DRY_RUN must be 0 or 1 (got '$dry_run')"
 train_flags=()
 
@@ -86,6 +94,7 @@ set_option() {
     config) config=$2 ;;
     venv) venv=$2 ;;
     cache_dir) cache_dir=$2 ;;
+    gpu) gpu=$2 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 }
@@ -102,6 +111,7 @@ while (($#)); do
       exit 0
       ;;
     --dry_run | --dry-run) dry_run=1 ;;
+    --no_preflight | --no-preflight) preflight=0 ;;
     --*=*) set_option "${1%%=*}" "${1#*=}" ;;
     --*)
       (($# >= 2)) || die "$1 needs a value"
@@ -195,23 +205,73 @@ gpus_per_node() {
   fi
 }
 
+# Nodes of this job (in a job), else those the #SBATCH header asks for.
+num_nodes() {
+  if [[ -n ${SLURM_JOB_ID:-} ]]; then
+    printf '%s' "${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}"
+  else
+    header_value nodes
+  fi
+}
+
 has_data_dir=0
+config_flags=()
 for flag in ${train_flags[@]+"${train_flags[@]}"}; do
   case $flag in
     --config.data.data_dir*) has_data_dir=1 ;;
   esac
+  case $flag in
+    --config.*) config_flags+=("$flag") ;;
+  esac
 done
+
+# Compiles the train step for the job's GPUs on this machine's CPU; stops here
+# unless it fits. $1: the python to run it with.
+run_preflight() {
+  local nodes gpus target
+  nodes=$(num_nodes)
+  gpus=$(gpus_per_node)
+  [[ $nodes =~ ^[0-9]+$ && $gpus =~ ^[0-9]+$ ]] ||
+    die "cannot tell the job's nodes ($nodes) and GPUs per node ($gpus) for the pre-flight;" \
+      "pass --no_preflight"
+  target=${gpu}x${gpus}
+  if ((nodes > 1)); then
+    target+=x$nodes
+  fi
+  local check=("$1" -m mlm_jax.preflight "--config=$config" "--target=$target")
+  check+=(${config_flags[@]+"${config_flags[@]}"})
+  note "pre-flight: compile the train step for $target here; go on only if it fits"
+  if ((dry_run)); then
+    run "${check[@]}"
+  else
+    printf '+ %s\n' "$(quote_words "${check[@]}")" >&2
+    (cd "$repo_dir" && "${check[@]}") ||
+      die "the pre-flight for $target failed (see above); nothing was started. Change the" \
+        "config as it suggests, or pass --no_preflight to skip it"
+  fi
+}
 
 # --- Outside an allocation: submit this script ---------------------------------
 
 if [[ -z ${SLURM_JOB_ID:-} ]]; then
+  if ((preflight)); then
+    local_python=python3
+    if [[ -n $venv ]]; then
+      local_python=$venv/bin/python
+    fi
+    run_preflight "${MLM_JAX_PYTHON:-$local_python}"
+  fi
+  # The job runs the pre-flight again with the sizes sbatch gives it.
   submit=(sbatch "--chdir=$repo_dir" "$repo_dir/launch/slurm_gpu.sh" "--config=$config"
-    "--workdir=$workdir")
+    "--workdir=$workdir" "--gpu=$gpu")
   if [[ -n $venv ]]; then
     submit+=("--venv=$venv")
   fi
   if [[ -n $cache_dir ]]; then
     submit+=("--cache_dir=$cache_dir")
+  fi
+  if ((!preflight)); then
+    submit+=(--no_preflight)
   fi
   if ((${#train_flags[@]})); then
     submit+=(-- "${train_flags[@]}")
@@ -266,6 +326,10 @@ if [[ -z ${JAX_LOCAL_DEVICE_IDS:-} ]]; then
     warn "cannot tell how many GPUs this node has; set JAX_LOCAL_DEVICE_IDS=0,1,...,N-1" \
       "or each process sees one GPU only"
   fi
+fi
+
+if ((preflight)); then
+  run_preflight "${MLM_JAX_PYTHON:-python}"
 fi
 
 srun_cmd=(srun --ntasks-per-node=1 --kill-on-bad-exit=1)

@@ -48,6 +48,10 @@ Options:
   --python VERSION         Python of the workers' virtualenv REPO_DIR/.venv, made with
                            uv (default: 3.12; the TPU images' python3 is 3.10, older
                            than this project needs)
+  --no_preflight           skip the pre-flight: by default the train step is first
+                           compiled here for TYPE (python -m mlm_jax.preflight, which
+                           needs pip install -e '.[aot]') and nothing is created
+                           unless it fits
   --dry_run                print the commands, one per line after "+ ", instead of
                            running them; gcloud is not called at all
   -h, --help               show this help
@@ -87,7 +91,7 @@ repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 name='' zone='' accelerator_type='' version='' project='' workdir=''
 config='configs/base.py' repo_dir=\~/mlm_jax python_version='3.12' cache_dir=''
-preemptible=0 spot=0 queued=0 dry_run=0
+preemptible=0 spot=0 queued=0 dry_run=0 preflight=1
 train_flags=()
 
 # Stores the value of an option that takes one ("--opt VALUE" or "--opt=VALUE").
@@ -126,6 +130,7 @@ while (($#)); do
       exit 0
       ;;
     --dry_run | --dry-run) dry_run=1 ;;
+    --no_preflight | --no-preflight) preflight=0 ;;
     --preemptible) preemptible=1 ;;
     --spot) spot=1 ;;
     --queued) queued=1 ;;
@@ -293,6 +298,32 @@ wait_until_active() {
     sleep 30
   done
 }
+
+# --- 0. Pre-flight --------------------------------------------------------------
+
+# The local Python with mlm_jax[aot]: MLM_JAX_PYTHON, else the repository's .venv.
+local_python=${MLM_JAX_PYTHON:-}
+if [[ -z $local_python ]]; then
+  local_python=python3
+  [[ -x $repo_root/.venv/bin/python ]] && local_python=$repo_root/.venv/bin/python
+fi
+if ((preflight)); then
+  check=("$local_python" -m mlm_jax.preflight "--config=$config" "--target=$accelerator_type")
+  for flag in ${train_flags[@]+"${train_flags[@]}"}; do
+    case $flag in
+      --config.*) check+=("$flag") ;;
+    esac
+  done
+  note "0. pre-flight: compile the train step for $accelerator_type here; go on only if it fits"
+  if ((dry_run)); then
+    show "${check[@]}"
+  else
+    show "${check[@]}" >&2
+    (cd "$repo_root" && "${check[@]}") ||
+      die "the pre-flight for $accelerator_type failed (see above); nothing was created." \
+        "Change the config as it suggests, or pass --no_preflight to skip it"
+  fi
+fi
 
 # --- 1. The slice -------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from mlm_jax import backend
 from mlm_jax import config_lib
 from mlm_jax import flops as flops_lib
 from mlm_jax import hf as hf_lib
@@ -112,7 +113,7 @@ class _JaxRunner:
     self.timed = _Timed('mlm_jax (JAX)')
     mesh = sharding.make_mesh(config.mesh.fsdp)
     built = trainer.build(config, config.tokenizer.vocab_size, mesh)
-    self.model_cfg, self._state, step = built.model_cfg, built.state, built.train_step
+    self.model_cfg, self._state, step = built.model_cfg, built.init_state(), built.train_step
     self.chains = built.chains
     self._rng = jax.device_put(built.dropout_rng, sharding.replicated(mesh))
     self._batches = [sharding.to_global(b, mesh) for b in host_batches]
@@ -439,6 +440,7 @@ def format_report(result: dict[str, Any]) -> str:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  backend.choose_platform()  # Before JAX starts a backend.
   host_malloc.tune()
   try:
     result = run_benchmark(

@@ -20,8 +20,14 @@ def _check(ok: bool, message: str) -> None:
     raise ConfigError(message)
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
-  """Raises ConfigError for the first invalid field."""
+def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
+             check_paths: bool = True) -> None:
+  """Raises ConfigError for the first invalid field.
+
+  `check_paths=False` leaves out the checks of files on this machine (corpus,
+  tokenizer model, Hugging Face init): for a pre-flight of a run that will
+  read them elsewhere.
+  """
   d, tok, m, mdl, tr, ev = (config.data, config.tokenizer, config.masking, config.model,
                             config.train, config.eval)
   _check(d.seq_len >= 4, f'config.data.seq_len={d.seq_len} must be at least 4.')
@@ -38,7 +44,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   _check(tok.model_type in ('unigram', 'bpe'),
          f"config.tokenizer.model_type={tok.model_type!r}: use 'unigram' or 'bpe'.")
   _check(tok.max_sentences > 0, 'config.tokenizer.max_sentences must be positive.')
-  _check(not tok.model_file or os.path.isfile(os.path.expanduser(tok.model_file)),
+  _check(not check_paths or not tok.model_file
+         or os.path.isfile(os.path.expanduser(tok.model_file)),
          f'config.tokenizer.model_file={tok.model_file!r}: no such file. Give the path of a '
          "sentencepiece model written by mlm_jax (WORKDIR/tokenizer.model), or '' to train one.")
   _check(0 < m.max_predictions <= d.seq_len - 2,
@@ -83,6 +90,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
          f"config.model.dtype={mdl.dtype!r}: use 'auto', 'float32' or 'bfloat16'.")
   _check(mdl.attention in ('auto', 'xla', 'cudnn'),
          f"config.model.attention={mdl.attention!r}: use 'auto', 'xla' or 'cudnn'.")
+  _check(mdl.attention != 'cudnn' or mdl.attention_dropout_rate == 0.0,
+         f"config.model.attention='cudnn' with config.model.attention_dropout_rate="
+         f"{mdl.attention_dropout_rate}: cuDNN's fused attention has no dropout on the "
+         "attention probabilities; set the rate to 0, or attention='auto' to use XLA's "
+         'attention when the rate is above 0.')
   _check(mdl.remat in ('none', 'dots', 'full'),
          f"config.model.remat={mdl.remat!r}: use 'none', 'dots' or 'full'.")
   _check(0.0 <= mdl.drop_token_rate < 1.0,
@@ -129,7 +141,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
            f'config.train.batch_size={tr.batch_size} is not divisible by {num_devices} devices '
            f'x grad_accum_steps={tr.grad_accum_steps} x concurrent_chains={chains}; use a '
            f'multiple of {unit * chains}, or concurrent_chains=0 (auto).')
-  if config.init.hf_dir:
+  if config.init.hf_dir and check_paths:
     hf_dir = os.path.expanduser(config.init.hf_dir)
     _check(os.path.isdir(hf_dir), f'config.init.hf_dir={config.init.hf_dir!r}: no such directory.')
     _check(bool(tok.model_file) or os.path.isfile(os.path.join(hf_dir, 'tokenizer.model')),
@@ -140,14 +152,17 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   _check(d.num_workers >= 0,
          f'config.data.num_workers={d.num_workers} must be >= 0 (0: one per core).')
   _check(bool(d.text_key), "config.data.text_key is empty; name the text field, e.g. 'text'.")
+  if not check_paths:
+    return
   try:
     corpus_lib.check(config.data)
   except corpus_lib.CorpusError as e:
     raise ConfigError(str(e)) from None
 
 
-def concurrent_chains(train: ml_collections.ConfigDict, num_devices: int) -> int:
-  """config.train.concurrent_chains with 0 (auto) resolved for this process's devices.
+def concurrent_chains(train: ml_collections.ConfigDict, num_devices: int,
+                      platform: str | None = None) -> int:
+  """config.train.concurrent_chains with 0 (auto) resolved for `platform` (default: JAX's backend).
 
   Auto is 2 when the step runs on a single CPU device with at least 2 cores
   and each micro-batch splits evenly (tiny config on 2 cores: 4-13% faster
@@ -158,13 +173,18 @@ def concurrent_chains(train: ml_collections.ConfigDict, num_devices: int) -> int
   if chains:
     return chains
   rows = train.batch_size // (num_devices * train.grad_accum_steps)
-  if (jax.default_backend() == 'cpu' and num_devices == 1 and (os.cpu_count() or 1) >= 2
+  platform = platform or jax.default_backend()
+  if (platform == 'cpu' and num_devices == 1 and (os.cpu_count() or 1) >= 2
       and rows % 2 == 0):
     return 2
   return 1
 
 
-def compute_dtype(name: str):
+def compute_dtype(name: str, platform: str | None = None):
+  """config.model.dtype as a dtype; 'auto' is float32 on a CPU and bfloat16 on GPUs and TPUs.
+
+  `platform` is where the step runs (default: JAX's backend here).
+  """
   if name == 'auto':
-    return jnp.float32 if jax.default_backend() == 'cpu' else jnp.bfloat16
+    return jnp.float32 if (platform or jax.default_backend()) == 'cpu' else jnp.bfloat16
   return jnp.dtype(name)

@@ -24,6 +24,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from mlm_jax import backend
 from mlm_jax import hf
 from mlm_jax import masking
 from mlm_jax import tokenizer as tok_lib
@@ -99,6 +100,7 @@ def _define_flags() -> None:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  backend.choose_platform()  # Before JAX starts a backend.
   logging.set_verbosity(logging.WARNING)  # Orbax logs every read at INFO.
   f = flags.FLAGS
   try:

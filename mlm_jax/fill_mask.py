@@ -17,6 +17,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from mlm_jax import backend
 from mlm_jax import model as model_lib
 from mlm_jax import tokenizer as tok_lib
 from mlm_jax import workdir as workdir_lib
@@ -70,6 +71,7 @@ def main(argv: list[str]) -> None:
   texts = argv[1:]
   if not texts:
     raise app.UsageError('Give one or more sentences containing [MASK].')
+  backend.choose_platform()  # Before JAX starts a backend.
   logging.set_verbosity(logging.WARNING)  # Orbax logs every read at INFO.
   f = flags.FLAGS
   try:

@@ -7,22 +7,7 @@ FLOPs count only the matrix multiplies a BERT step needs (forward + backward =
 
 from __future__ import annotations
 
-# Dense bf16 peak FLOP/s per device (no sparsity), by a lower-case substring
-# of jax.Device.device_kind. More specific names come first ('v5 lite' before
-# 'v5'). Float32 runs are still measured against these: the usual convention.
-PEAK_FLOPS: tuple[tuple[str, float], ...] = (
-    # The PCIe card runs at a lower clock than the SXM module ('H100 80GB HBM3').
-    ('h100 pcie', 756e12),
-    ('h100', 989e12),
-    # The same GH100 compute as the H100 SXM, with more and faster memory.
-    ('h200', 989e12),
-    ('a100', 312e12),
-    ('v5 lite', 197e12),  # TPU v5e
-    ('v5e', 197e12),
-    ('v5p', 459e12),
-    ('v5', 459e12),       # TPU v5p reports itself as 'TPU v5'
-    ('v4', 275e12),
-)
+from mlm_jax import hardware
 
 
 def flops_per_token(*, num_layers: int, hidden_size: int, intermediate_size: int,
@@ -47,14 +32,14 @@ def flops_per_token(*, num_layers: int, hidden_size: int, intermediate_size: int
 
 
 def peak_flops_per_device(device_kind: str, peak_tflops: float = 0.0) -> float | None:
-  """Peak FLOP/s of one device: the override if positive, else the table; None if unknown."""
+  """Peak FLOP/s of one device: the override if positive, else hardware.CHIPS; None if unknown.
+
+  Float32 runs are measured against the bf16 peak too: the usual convention.
+  """
   if peak_tflops > 0:
     return peak_tflops * 1e12
-  kind = device_kind.lower()
-  for name, flops in PEAK_FLOPS:
-    if name in kind:
-      return flops
-  return None
+  chip = hardware.chip_for_device_kind(device_kind)
+  return chip.peak_flops if chip else None
 
 
 def mfu(tokens_per_sec: float | None, flops_per_tok: float, peak_per_device: float | None,

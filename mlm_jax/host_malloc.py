@@ -19,8 +19,9 @@ first thing.
 Only the CPU backend gains: on an accelerator host the step's buffers live on
 the device, and one arena shared by every host thread of the input pipeline
 would only add lock contention. `tune()` therefore acts only when JAX will run
-on its CPU backend (JAX_PLATFORMS / jax_platforms names cpu first, or no
-accelerator plugin is installed), only with glibc, and only once per process.
+on its CPU backend (JAX_PLATFORMS / jax_platforms names cpu first, or the host
+has no GPU or TPU: mlm_jax/backend.py), only with glibc, and only once per
+process.
 The trade-off: memory the process frees is kept for reuse rather than given
 back to the system, so its resident size stays at its peak (BERT-base at
 batch 8: 5.3 GiB instead of 3.8 GiB).
@@ -29,13 +30,11 @@ batch 8: 5.3 GiB instead of 3.8 GiB).
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
-import importlib.util
-import pkgutil
 import platform
 
-import jax
 from absl import flags
+
+from mlm_jax import backend
 
 _TUNE = flags.DEFINE_bool(
     'tune_host_malloc', True,
@@ -66,7 +65,7 @@ def tune(enabled: bool | None = None) -> str:
     _applied = 'default (--notune_host_malloc)'
   elif platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc':
     _applied = 'default (not glibc)'
-  elif not _runs_on_cpu():
+  elif not backend.runs_on_cpu():
     _applied = 'default (accelerator backend)'
   else:
     libc = ctypes.CDLL(None)
@@ -80,24 +79,3 @@ def tune(enabled: bool | None = None) -> str:
 def description() -> str:
   """What tune() did in this process ('default' when it was not called)."""
   return _applied or 'default'
-
-
-def _runs_on_cpu() -> bool:
-  """Whether JAX's default backend will be the CPU, decided without starting a backend."""
-  platforms = jax.config.jax_platforms
-  if platforms:
-    return platforms.split(',')[0].strip().lower() == 'cpu'
-  return not _accelerator_plugins()
-
-
-def _accelerator_plugins() -> list[str]:
-  """Installed PJRT plugins (CUDA, ROCm, ...) and libtpu: what JAX would prefer to the CPU."""
-  names = [ep.name for ep in importlib.metadata.entry_points(group='jax_plugins')]
-  try:
-    import jax_plugins  # pylint: disable=import-outside-toplevel
-    names += [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
-  except ImportError:
-    pass
-  if importlib.util.find_spec('libtpu') is not None:
-    names.append('libtpu')
-  return names

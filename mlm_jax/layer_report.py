@@ -29,6 +29,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from mlm_jax import backend
 from mlm_jax import input_pipeline
 from mlm_jax import masking
 from mlm_jax import model as model_lib
@@ -172,6 +173,7 @@ def _cli() -> None:
   def main(argv: list[str]) -> None:
     if len(argv) > 1:
       raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    backend.choose_platform()  # Before JAX starts a backend.
     logging.set_verbosity(logging.WARNING)  # Not the checkpoint library's INFO lines.
     report = layer_report(workdir.value, max_batches=max_batches.value, step=step.value)
     print(format_table(report))

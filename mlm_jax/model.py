@@ -47,6 +47,15 @@ class ModelConfig:
   remat: str = 'none'        # 'none' | 'dots' | 'full': what a block keeps for backward.
   drop_token_rate: float = 0.0     # Training only: unmasked tokens dropped from the input.
   sentence_pair_head: bool = False  # Pooler + 2-way classifier on [CLS] (NSP/SOP).
+  # Where activations keep their batch axis (the trainer's batch sharding, see
+  # sharding.batch_sharding); None: no constraint (a model used on one device).
+  batch_sharding: Any = None
+
+  def batch_split(self, x: Array) -> Array:
+    """x [B, ...] constrained to keep its batch axis split like the input batch."""
+    if self.batch_sharding is None:
+      return x
+    return jax.lax.with_sharding_constraint(x, self.batch_sharding)
 
   def shape_record(self) -> dict[str, Any]:
     """What a checkpoint's parameters must agree with to be loaded into this model."""
@@ -117,16 +126,29 @@ class Embeddings(nn.Module):
       x += position_table(positions)
     x += nn.Embed(cfg.type_vocab_size, cfg.hidden_size,
                   embedding_init=_dense_init(cfg, (TABLE, EMBED)), name='segment')(segment_ids)
-    x = _layer_norm(cfg, 'layer_norm')(x)
+    x = _layer_norm(cfg, 'layer_norm')(cfg.batch_split(x))
     return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
+def resolve_attention(attention: str, platform: str, dtype: Any,
+                      attention_dropout_rate: float = 0.0) -> str:
+  """config.model.attention for a platform: 'xla' or 'cudnn'.
+
+  'auto' is cuDNN's fused (flash) kernel on NVIDIA GPUs in 16-bit when
+  training has no attention dropout (the fused call has none), else XLA.
+  """
+  if attention != 'auto':
+    return attention
+  fused = (platform == 'gpu' and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+           and attention_dropout_rate == 0.0)
+  return 'cudnn' if fused else 'xla'
+
+
 def uses_cudnn_attention(cfg: ModelConfig) -> bool:
-  """The fused cuDNN (flash) kernel: asked for, or 'auto' on an NVIDIA GPU in 16-bit."""
-  if cfg.attention == 'cudnn':
-    return True
-  return (cfg.attention == 'auto' and jax.default_backend() == 'gpu'
-          and jnp.dtype(cfg.dtype) in (jnp.bfloat16, jnp.float16))
+  """The fused cuDNN (flash) kernel: asked for, or 'auto' resolved to it on this backend."""
+  return resolve_attention(cfg.attention, jax.default_backend(), cfg.dtype,
+                           cfg.attention_dropout_rate) == 'cudnn'
+
 
 
 def softmax_attention(q: Array, k: Array, v: Array, key_mask: Array,
@@ -166,7 +188,7 @@ class SelfAttention(nn.Module):
     proj = lambda name: nn.DenseGeneral(
         (cfg.num_heads, head_dim), dtype=cfg.dtype, kernel_init=_dense_init(cfg, (EMBED, HEADS, KV)),
         bias_init=_zeros((HEADS, KV)), name=name)
-    q, k, v = proj('query')(x), proj('key')(x), proj('value')(x)  # [B, T, N, H]
+    q, k, v = (cfg.batch_split(proj(name)(x)) for name in ('query', 'key', 'value'))  # [B, T, N, H]
     dropout = 0.0 if deterministic else cfg.attention_dropout_rate
     if dropout == 0.0 and uses_cudnn_attention(cfg):
       lengths = jnp.sum(key_mask, axis=-1, dtype=jnp.int32)
@@ -191,13 +213,14 @@ class TransformerBlock(nn.Module):
     dense = lambda features, names, name: nn.Dense(
         features, dtype=cfg.dtype, kernel_init=_dense_init(cfg, names),
         bias_init=_zeros(names[-1:]), name=name)
+    x = cfg.batch_split(x)
     h = SelfAttention(cfg, name='attention')(x, key_mask, deterministic)
-    h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
+    h = nn.Dropout(cfg.dropout_rate)(cfg.batch_split(h), deterministic=deterministic)
     x = _layer_norm(cfg, 'attention_layer_norm')(x + h)
-    h = _gelu(dense(cfg.intermediate_size, (EMBED, MLP), 'intermediate')(x))   # [B, T, d_ff]
-    h = dense(cfg.hidden_size, (MLP, EMBED), 'output')(h)
-    h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
-    return _layer_norm(cfg, 'output_layer_norm')(x + h)
+    h = _gelu(cfg.batch_split(dense(cfg.intermediate_size, (EMBED, MLP), 'intermediate')(x)))
+    h = dense(cfg.hidden_size, (MLP, EMBED), 'output')(h)                   # h: [B, T, d_ff] above
+    h = nn.Dropout(cfg.dropout_rate)(cfg.batch_split(h), deterministic=deterministic)
+    return cfg.batch_split(_layer_norm(cfg, 'output_layer_norm')(x + h))
 
 
 _REMAT_POLICIES = {
@@ -309,7 +332,7 @@ class MLMHead(nn.Module):
   def __call__(self, sequence: Array, masked_positions: Array, embedding: Array) -> Array:
     """sequence [B, T, d], masked_positions [B, P], embedding [V, d] -> logits [B, P, V]."""
     cfg = self.cfg
-    x = jnp.take_along_axis(sequence, masked_positions[..., None], axis=1)  # [B, P, d]
+    x = cfg.batch_split(jnp.take_along_axis(sequence, masked_positions[..., None], axis=1))  # [B, P, d]
     x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=_dense_init(cfg, (EMBED, MLP)),
                  bias_init=_zeros((MLP,)), name='transform')(x)
     x = _layer_norm(cfg, 'layer_norm')(_gelu(x))

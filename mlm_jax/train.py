@@ -14,6 +14,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from mlm_jax import backend
 from mlm_jax import checkpoint
 from mlm_jax import config_lib
 from mlm_jax import corpus
@@ -48,6 +49,7 @@ class _QuietLibraries:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  backend.choose_platform()  # Before JAX starts a backend.
   # Before any other thread allocates: see host_malloc.py.
   malloc = host_malloc.tune()
   logging.set_verbosity(logging.INFO)

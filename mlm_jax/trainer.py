@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +66,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # ----------------------------------------------------- model and state
   # Initialised under jit straight into its sharding (split on `fsdp`).
   built = build(config, tokenizer.vocab_size, mesh)
-  model_cfg, state, dropout_rng = built.model_cfg, built.state, built.dropout_rng
+  model_cfg, state, dropout_rng = built.model_cfg, built.init_state(), built.dropout_rng
   num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
   state_bytes = _state_bytes(state)
   logging.info('Model: %s parameters, compute dtype %s; train state %.1f MiB, %.1f MiB on each '
@@ -222,40 +222,53 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-  """What a run trains: the model's shapes, a fresh sharded state and the jitted steps."""
+  """What a run trains: the model's shapes, its state's layout and the jitted steps.
+
+  Nothing is allocated: `abstract_state` holds shapes, dtypes and shardings
+  only (from jax.eval_shape), so the same object serves the trainer and the
+  benchmark, which call `init_state()`, and the pre-flight, which compiles the
+  steps for devices that exist only to compile for.
+  """
 
   model_cfg: model_lib.ModelConfig
-  state: step_lib.TrainState
+  abstract_state: step_lib.TrainState  # jax.ShapeDtypeStruct leaves with their shardings.
   train_step: Any     # (state, batch, dropout_rng) -> (state, metrics); donates the state.
   eval_step: Any      # (state, batch) -> loss/accuracy sums.
   dropout_rng: jax.Array
   chains: int         # config.train.concurrent_chains, resolved.
+  init_state: Callable[[], step_lib.TrainState]  # A fresh state, made in its sharding.
 
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh) -> Built:
-  """The model, a freshly initialised state and the jitted steps of `config` on `mesh`.
+  """The model, the state's shardings and the jitted steps of `config` on `mesh`.
 
-  The trainer and the benchmark both build through here, so they time and
-  train the same program.
+  The trainer, the benchmark and the pre-flight all build through here, so
+  they train, time and compile the same program. Choices left to 'auto'
+  (compute dtype, attention kernel, concurrent chains) are made for the
+  platform of the mesh's devices, not for the host's.
   """
+  platform = mesh.devices.flat[0].platform
   pairs = config.sentence_pair.task != 'none'
+  dtype = config_lib.compute_dtype(config.model.dtype, platform)
   model_cfg = model_lib.ModelConfig.from_config(
-      config.model, vocab_size, tok_lib.padded_vocab_size(vocab_size),
-      config_lib.compute_dtype(config.model.dtype), sentence_pair_head=pairs)
+      config.model, vocab_size, tok_lib.padded_vocab_size(vocab_size), dtype,
+      sentence_pair_head=pairs, batch_sharding=sharding.batch_sharding(mesh),
+      attention=model_lib.resolve_attention(config.model.attention, platform, dtype,
+                                            config.model.attention_dropout_rate))
   model = model_lib.BertForMLM(model_cfg)
   tx = step_lib.make_optimizer(config.train)
-  init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
-  example = _example_batch(config.data.seq_len, config.masking.max_predictions, pairs)
-  state, state_sh = step_lib.create_sharded_state(model, tx, init_rng, example, mesh)
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-  chains = config_lib.concurrent_chains(config.train, mesh.size)
+  init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
+  example = step_lib.example_batch(config.data.seq_len, config.masking.max_predictions, pairs)
+  abstract_state, state_sh, init = step_lib.sharded_state_init(model, tx, init_rng, example, mesh)
+  chains = config_lib.concurrent_chains(config.train, mesh.size, platform)
   train_step = jax.jit(
       step_lib.make_train_step(step_lib.learning_rate_schedule(config.train),
                                config.train.grad_accum_steps, config.sentence_pair.loss_weight,
                                chains),
       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0)
   eval_step = jax.jit(step_lib.eval_step, in_shardings=(state_sh, batch_sh), out_shardings=repl)
-  return Built(model_cfg, state, train_step, eval_step, dropout_rng, chains)
+  return Built(model_cfg, abstract_state, train_step, eval_step, dropout_rng, chains, init)
 
 
 def _resolve_init_tokenizer(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -290,19 +303,6 @@ def _check_finite(loss: float, step: int, checkpoint_dir: str) -> None:
     raise FloatingPointError(
         f'loss is {loss} at step {step}; stopping. The last good checkpoint is kept in '
         f'{checkpoint_dir}. Try a lower config.train.learning_rate.')
-
-
-def _example_batch(seq_len: int, max_predictions: int,
-                   sentence_pair: bool = False) -> dict[str, jax.Array]:
-  ids = jnp.zeros((1, seq_len), jnp.int32)
-  slots = jnp.zeros((1, max_predictions), jnp.int32)
-  batch = {'input_ids': ids, 'attention_mask': ids + 1, 'segment_ids': ids,
-           'masked_positions': slots, 'masked_ids': slots,
-           'masked_weights': jnp.zeros((1, max_predictions), jnp.float32)}
-  if sentence_pair:
-    batch['sentence_pair_labels'] = jnp.zeros((1,), jnp.int32)
-    batch['sentence_pair_weights'] = jnp.ones((1,), jnp.float32)
-  return batch
 
 
 def _resolved_config(config: ml_collections.ConfigDict,

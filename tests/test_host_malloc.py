@@ -23,7 +23,7 @@ config = tiny.get_config()
 mesh = sharding.make_mesh()
 batches = [sharding.to_global(b, mesh) for b in bench.synthetic_batches(config, 2)]
 built = trainer.build(config, config.tokenizer.vocab_size, mesh)
-state = built.state
+state = built.init_state()
 for window in range(4):  # The first windows grow the heap to its steady size.
   before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   for i in range(4):

@@ -34,7 +34,8 @@ exit 97
 
 # Records each call as a JSON line {tool, argv, cwd, env}; the gcloud one also
 # plays a TPU VM (FAKE_TPU_STATE, empty: none) and a queued resource that is
-# ACTIVE once created, and keeps a copy of what it is asked to scp.
+# ACTIVE once created, and keeps a copy of what it is asked to scp; the python
+# one (the pre-flight) exits with FAKE_PREFLIGHT_EXIT.
 _RECORDING_FAKE = """#!PYTHON
 import json, os, shutil, sys
 tool, argv = os.path.basename(sys.argv[0]), sys.argv[1:]
@@ -42,6 +43,8 @@ fake_dir = os.environ['FAKE_DIR']
 env = {k: os.environ.get(k) for k in ('JAX_LOCAL_DEVICE_IDS', 'MLM_JAX_CACHE', 'VIRTUAL_ENV')}
 with open(os.path.join(fake_dir, 'calls.jsonl'), 'a') as f:
   f.write(json.dumps({'tool': tool, 'argv': argv, 'cwd': os.getcwd(), 'env': env}) + '\\n')
+if tool == 'python':
+  sys.exit(int(os.environ.get('FAKE_PREFLIGHT_EXIT', '0')))
 if tool == 'gcloud':
   what = ' '.join(argv[:4])
   queued = os.path.join(fake_dir, 'queued_state')
@@ -72,15 +75,17 @@ def fakes(tmp_path):
     if not bin_dir.exists():
       bin_dir.mkdir()
       text = _RECORDING_FAKE.replace('PYTHON', sys.executable) if recording else _FAILING_FAKE
-      for tool in ('gcloud', 'sbatch', 'srun'):
+      for tool in ('gcloud', 'sbatch', 'srun', 'python'):
         (bin_dir / tool).write_text(text)
         (bin_dir / tool).chmod(0o755)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith('SLURM_') and k not in (
                'MLM_JAX_CONFIG', 'MLM_JAX_WORKDIR', 'MLM_JAX_VENV', 'MLM_JAX_DRY_RUN', 'MLM_JAX_REPO_DIR', 'MLM_JAX_CACHE',
                'JAX_LOCAL_DEVICE_IDS', 'CUDA_VISIBLE_DEVICES', 'FAKE_TPU_STATE')}
+    # The pre-flight's python: the fake (printed as `python` in dry runs).
     env.update(PATH=f'{bin_dir}{os.pathsep}{env["PATH"]}', FAKE_DIR=str(fake_dir),
-               TMPDIR=str(tmp_path / 'tmp'))
+               TMPDIR=str(tmp_path / 'tmp'),
+               MLM_JAX_PYTHON=str(bin_dir / 'python') if recording else 'python')
     env.update(extra_env)
     result = subprocess.run(['bash', str(script), *args], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=60)
@@ -159,7 +164,9 @@ def test_tpu_dry_run_prints_every_step_and_calls_no_gcloud(fakes):
   assert result.returncode == 0, result.stderr
   assert 'assume it must be created' in result.stdout
   commands = _commands(result.stdout)
-  assert all(c[0] in ('gcloud', 'env') for c in commands), commands
+  assert commands[0] == ['python', '-m', 'mlm_jax.preflight', '--config=configs/base.py',
+                         '--target=v4-32', EXTRA]
+  assert all(c[0] in ('gcloud', 'env') for c in commands[1:]), commands
 
   [create] = _find(commands, 'gcloud', 'compute', 'tpus', 'tpu-vm', 'create', 'bert-v4')
   assert _option(create, '--zone') == 'us-central2-b'
@@ -291,7 +298,12 @@ def test_tpu_rejects_bad_options(fakes, args, message):
 def test_tpu_run_creates_copies_installs_and_starts(fakes, tmp_path):
   result = fakes(TPU, *TPU_ARGS, '--', EXTRA, recording=True)
   assert result.returncode == 0, result.stderr
-  argvs = [c['argv'] for c in _calls(fakes.dir)]
+  calls = _calls(fakes.dir)
+  # First the pre-flight, here, in the repository.
+  assert calls[0]['tool'] == 'python' and calls[0]['cwd'] == str(REPO)
+  assert calls[0]['argv'] == ['-m', 'mlm_jax.preflight', '--config=configs/base.py',
+                              '--target=v4-32', EXTRA]
+  argvs = [c['argv'] for c in calls[1:]]
   assert [a[:4] for a in argvs] == [
       ['compute', 'tpus', 'tpu-vm', 'describe'], ['compute', 'tpus', 'tpu-vm', 'create'],
       ['compute', 'tpus', 'tpu-vm', 'scp'], ['compute', 'tpus', 'tpu-vm', 'ssh'],
@@ -309,10 +321,25 @@ def test_tpu_run_creates_copies_installs_and_starts(fakes, tmp_path):
   assert list((tmp_path / 'tmp').iterdir()) == []  # the temporary tarball is removed
 
 
+def test_tpu_failed_preflight_creates_nothing(fakes):
+  result = fakes(TPU, *TPU_ARGS, recording=True, FAKE_PREFLIGHT_EXIT='1')
+  assert result.returncode != 0
+  assert [c['tool'] for c in _calls(fakes.dir)] == ['python']
+  assert 'pre-flight for v4-32 failed' in result.stderr and '--no_preflight' in result.stderr
+
+
+def test_tpu_no_preflight_skips_it(fakes):
+  result = fakes(TPU, *TPU_ARGS, '--no_preflight', recording=True)
+  assert result.returncode == 0, result.stderr
+  assert 'python' not in [c['tool'] for c in _calls(fakes.dir)]
+  dry = fakes(TPU, '--dry_run', *TPU_ARGS, '--no_preflight')
+  assert not [c for c in _commands(dry.stdout) if 'mlm_jax.preflight' in c]
+
+
 def test_tpu_run_reuses_a_ready_slice(fakes):
   result = fakes(TPU, *TPU_ARGS, recording=True, FAKE_TPU_STATE='READY')
   assert result.returncode == 0, result.stderr
-  argvs = [c['argv'] for c in _calls(fakes.dir)]
+  argvs = [c['argv'] for c in _calls(fakes.dir) if c['tool'] == 'gcloud']
   assert not [a for a in argvs if a[3] == 'create']
   assert 'reusing TPU bert-v4' in result.stderr
 
@@ -321,13 +348,13 @@ def test_tpu_run_stops_on_a_slice_that_is_not_ready(fakes):
   result = fakes(TPU, *TPU_ARGS, recording=True, FAKE_TPU_STATE='PREEMPTED')
   assert result.returncode != 0
   assert 'PREEMPTED' in result.stderr
-  assert [c['argv'][3] for c in _calls(fakes.dir)] == ['describe']
+  assert [c['argv'][3] for c in _calls(fakes.dir) if c['tool'] == 'gcloud'] == ['describe']
 
 
 def test_tpu_run_queued_waits_for_active(fakes):
   result = fakes(TPU, *TPU_ARGS, '--queued', '--spot', recording=True)
   assert result.returncode == 0, result.stderr
-  what = [' '.join(c['argv'][2:4]) for c in _calls(fakes.dir)]
+  what = [' '.join(c['argv'][2:4]) for c in _calls(fakes.dir) if c['tool'] == 'gcloud']
   assert what[:4] == ['tpu-vm describe', 'queued-resources describe', 'queued-resources create',
                       'queued-resources describe']
   assert what[4:] == ['tpu-vm scp', 'tpu-vm ssh', 'tpu-vm ssh', 'tpu-vm ssh']
@@ -348,9 +375,15 @@ def test_slurm_dry_run_outside_allocation_prints_sbatch_and_srun(fakes):
   result = fakes(SLURM, '--dry_run', '--workdir=/shared/runs/base', '--', EXTRA)
   assert result.returncode == 0, result.stderr
   commands = _commands(result.stdout)
+  # The header asks for 2 nodes of 8 GPUs: checked here first, and again in the job.
+  before, in_job = _find(commands, 'python', '-m', 'mlm_jax.preflight')
+  assert before == in_job == ['python', '-m', 'mlm_jax.preflight', '--config=configs/base.py',
+                              '--target=h100x8x2', EXTRA]
   [sbatch] = _find(commands, 'sbatch')
   assert sbatch[1:3] == [f'--chdir={REPO}', str(SLURM)]
   assert '--workdir=/shared/runs/base' in sbatch and sbatch[-2:] == ['--', EXTRA]
+  checks = [i for i, c in enumerate(commands) if c[:3] == ['python', '-m', 'mlm_jax.preflight']]
+  assert checks[0] < commands.index(sbatch) < checks[1]
   [srun] = _find(commands, 'srun')
   assert '--ntasks-per-node=1' in srun and '--cpus-per-task=32' in srun
   start = srun.index('python')
@@ -371,6 +404,8 @@ def test_slurm_dry_run_inside_allocation_uses_env_options(fakes, tmp_path):
   assert not [c for c in commands if c[0] == 'sbatch']
   assert commands[:3] == [['cd', str(REPO)], ['source', f'{venv}/bin/activate'],
                           ['export', 'JAX_LOCAL_DEVICE_IDS=0,1,2,3']]
+  [check] = _find(commands, 'python', '-m', 'mlm_jax.preflight')
+  assert check[4:] == ['--target=h100x4', EXTRA, '--config.data.data_dir=/shared/data']
   [srun] = _find(commands, 'srun')
   assert '--cpus-per-task=16' in srun
   assert srun[srun.index('python'):] == [
@@ -402,11 +437,14 @@ def test_slurm_run_in_allocation_calls_srun_with_all_gpus(fakes, tmp_path):
   venv = tmp_path / 'venv'
   (venv / 'bin').mkdir(parents=True)
   (venv / 'bin' / 'activate').write_text(f'export VIRTUAL_ENV={venv}\n')
-  result = fakes(SLURM, '--workdir=/shared/runs/base', f'--venv={venv}',
+  result = fakes(SLURM, '--workdir=/shared/runs/base', f'--venv={venv}', '--gpu=a100',
                  '--cache_dir=/shared/cache', '--', EXTRA, recording=True,
-                 SLURM_JOB_ID='123', CUDA_VISIBLE_DEVICES='2,3', SLURM_CPUS_PER_TASK='8')
+                 SLURM_JOB_ID='123', CUDA_VISIBLE_DEVICES='2,3', SLURM_CPUS_PER_TASK='8',
+                 SLURM_JOB_NUM_NODES='3')
   assert result.returncode == 0, result.stderr
-  [call] = _calls(fakes.dir)
+  check, call = _calls(fakes.dir)
+  assert check['tool'] == 'python' and check['argv'] == [
+      '-m', 'mlm_jax.preflight', '--config=configs/base.py', '--target=a100x2x3', EXTRA]
   assert call['tool'] == 'srun' and call['cwd'] == str(REPO)
   assert call['argv'] == ['--ntasks-per-node=1', '--kill-on-bad-exit=1', '--cpus-per-task=8',
                           'python', '-m', 'mlm_jax.train', '--config=configs/base.py',
@@ -421,5 +459,17 @@ def test_slurm_run_outside_allocation_submits_what_the_dry_run_prints(fakes):
   [printed] = _find(_commands(dry.stdout), 'sbatch')
   result = fakes(SLURM, *args, recording=True)
   assert result.returncode == 0, result.stderr
-  [call] = _calls(fakes.dir)
+  check, call = _calls(fakes.dir)
+  assert check['tool'] == 'python' and '--target=h100x8x2' in check['argv']
   assert call['tool'] == 'sbatch' and call['argv'] == printed[1:]
+
+
+def test_slurm_failed_preflight_submits_and_starts_nothing(fakes):
+  for env in ({}, {'SLURM_JOB_ID': '123', 'SLURM_GPUS_ON_NODE': '8'}):
+    result = fakes(SLURM, '--workdir=/shared/runs/base', recording=True,
+                   FAKE_PREFLIGHT_EXIT='1', **env)
+    assert result.returncode != 0 and '--no_preflight' in result.stderr
+  assert [c['tool'] for c in _calls(fakes.dir)] == ['python', 'python']
+  result = fakes(SLURM, '--workdir=/shared/runs/base', '--no_preflight', recording=True)
+  assert result.returncode == 0 and _calls(fakes.dir)[-1]['tool'] == 'sbatch'
+  assert '--no_preflight' in _calls(fakes.dir)[-1]['argv']

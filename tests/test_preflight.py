@@ -1,0 +1,236 @@
+"""The pre-flight: target names, compiles for TPU slices and H100s from this CPU, fit and advice.
+
+The compiles need the aot extra (libtpu and XLA's CUDA compiler), which the
+dev extra installs; without it these tests are skipped, except under CI,
+where a missing compiler is a failure.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mlm_jax import targets
+from tests.conftest import REPO
+
+
+def _require_compilers(*names: str) -> None:
+  missing = []
+  for name in names:
+    try:
+      targets.check_compiler(targets.parse(name))
+    except targets.TargetError as e:
+      missing.append(str(e))
+  if missing:
+    if os.environ.get('CI'):
+      pytest.fail('; '.join(missing))
+    pytest.skip('; '.join(missing))
+
+
+def _preflight(*args: str, tmp_path) -> tuple[int, str, dict]:
+  out = tmp_path / 'preflight.json'
+  proc = subprocess.run([sys.executable, '-m', 'mlm_jax.preflight', *args, f'--json_out={out}'],
+                        cwd=REPO, capture_output=True, text=True, timeout=1500)
+  report = json.loads(out.read_text()) if out.exists() else {}
+  return proc.returncode, proc.stdout + proc.stderr, report
+
+
+# ------------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize('name, devices, hosts, topology', [
+    ('v4-8', 4, 1, 'v4:2x2x1'),
+    ('v4-32', 16, 4, 'v4:2x2x4'),
+    ('v4-128', 64, 16, 'v4:4x4x4'),
+    ('v5p-128', 64, 16, 'v5p:4x4x4'),
+    ('v5litepod-1', 1, 1, 'v5e:1x1'),
+    ('v5litepod-8', 8, 1, 'v5e:2x4'),
+    ('v5litepod-16', 16, 4, 'v5e:4x4'),
+    ('v5litepod-32', 32, 8, 'v5e:4x8'),
+    ('v5litepod-256', 256, 64, 'v5e:16x16'),
+    ('v6e-8', 8, 1, 'v6e:2x4'),
+    ('v6e-64', 64, 16, 'v6e:8x8'),
+    ('h100', 1, 1, '1x1x1'),
+    ('h100x8', 8, 1, '1x1x8'),
+    ('h100x8x4', 32, 4, '4x1x8'),
+    ('h100x4x2', 8, 2, '2x1x4'),
+    ('A100x8', 8, 1, '1x1x8'),
+])
+def test_target_names(name, devices, hosts, topology):
+  t = targets.parse(name)
+  assert (t.num_devices, t.num_hosts, t.topology) == (devices, hosts, topology)
+
+
+@pytest.mark.parametrize('name', ['v4-7', 'v4-4', 'v4-48', 'v5litepod-3', 'v5litepod-512',
+                                  'v6e-2', 'h100x3', 'h100x8x0', 'tpu-8', 'b200x8', ''])
+def test_unknown_or_impossible_target_is_one_line_listing_the_known(name):
+  with pytest.raises(targets.TargetError) as e:
+    targets.parse(name)
+  message = str(e.value)
+  assert '\n' not in message and 'Known targets' in message and 'v5litepod-N' in message
+
+
+def test_compile_devices_match_the_slice():
+  _require_compilers('v4-32', 'h100x8x4')
+  v4 = targets.compile_devices(targets.parse('v4-32'))
+  assert len(v4) == 16 and 'v4' in v4[0].device_kind.lower()
+  assert len({d.process_index for d in v4}) == 4
+  gpus = targets.compile_devices(targets.parse('h100x8x4'))
+  assert len(gpus) == 32 and len({d.process_index for d in gpus}) == 4
+
+
+def test_missing_compiler_names_the_extra(monkeypatch):
+  monkeypatch.setattr(targets.importlib.util, 'find_spec', lambda name: None)
+  monkeypatch.setattr(targets, '_has_module', lambda name: False)
+  for name in ('v4-32', 'h100x8'):
+    with pytest.raises(targets.TargetError, match=r"pip install -e '\.\[aot\]'"):
+      targets.compile_devices(targets.parse(name))
+
+
+# ------------------------------------------------------------- bad configs
+
+
+@pytest.mark.parametrize('override, field', [
+    ('--config.train.batch_size=250', 'config.train.batch_size=250'),       # 16 devices
+    ('--config.model.num_heads=7', 'config.model.num_heads=7'),
+    ('--config.data.seq_len=1024', 'config.data.seq_len=1024'),             # table of 512
+    ('--config.mesh.fsdp=3', 'config.mesh.fsdp=3'),
+])
+def test_bad_input_is_one_clear_line_before_any_compile(override, field, tmp_path):
+  code, output, report = _preflight('--config=configs/base.py', '--target=v4-32', override,
+                                    tmp_path=tmp_path)
+  assert code == 2 and not report
+  errors = [line for line in output.splitlines() if line.startswith('error:')]
+  assert len(errors) == 1 and field in errors[0], output[-2000:]
+  assert 'Compiling' not in output
+
+
+# ---------------------------------------------------------------- compiles
+
+
+def test_base_compiles_and_fits_on_v4_32(tmp_path):
+  _require_compilers('v4-32')
+  code, output, r = _preflight('--config=configs/base.py', '--target=v4-32', tmp_path=tmp_path)
+  assert code == 0, output[-3000:]
+  assert r['ok'] and r['train']['fits'] and r['eval']['fits']
+  assert r['target']['num_devices'] == 16 and r['model']['dtype'] == 'bfloat16'
+  # Replicated state: 110M parameters x (param + 2 Adam moments) x 4 bytes on each chip.
+  assert 1.2e9 < r['train']['memory']['state'] < 1.4e9
+  # XLA's FLOPs and flops.py's agree within 10% (XLA adds softmax, GELU, the optimizer...).
+  assert abs(r['train']['flops'] / r['model_flops_per_device'] - 1) < 0.10
+  est = r['estimate']
+  assert est['label'].startswith('compiler estimate') and 0.05 < est['mfu'] < 1.0
+  assert 'compiler estimate, not measured' in output and 'OK: fits' in output
+
+
+def test_base_compiles_and_fits_on_h100x8_with_cudnn_attention(tmp_path):
+  _require_compilers('h100x8')
+  code, output, r = _preflight('--config=configs/base.py', '--target=h100x8',
+                               '--config.model.attention_dropout_rate=0.0', tmp_path=tmp_path)
+  assert code == 0, output[-3000:]
+  assert r['train']['fits'] and r['model']['attention'] == 'cudnn'
+  # 12 layers, forward and backward.
+  assert r['cudnn_attention'] == {'calls': 24, 'expected': 24}
+  assert r['train']['hlo']['collectives']['all-reduce']['count'] > 0
+  assert abs(r['train']['flops'] / r['model_flops_per_device'] - 1) < 0.10
+
+
+def test_asking_for_cudnn_with_attention_dropout_is_refused(tmp_path):
+  code, output, _ = _preflight('--config=configs/base.py', '--target=h100x8',
+                               '--config.model.attention=cudnn', tmp_path=tmp_path)
+  assert code == 2 and "attention='cudnn'" in output
+
+
+def test_oversized_batch_is_refused_with_suggestions_that_fit(tmp_path):
+  _require_compilers('h100')
+  args = ('--config=configs/tiny.py', '--target=h100', '--config.train.batch_size=262144')
+  code, output, r = _preflight(*args, tmp_path=tmp_path)
+  assert code == 1 and not r['ok'] and not r['train']['fits'], output[-3000:]
+  assert 'FAILED: the train step does not fit' in output
+  fitting = [s for s in r['suggestions'] if s['fits']]
+  changes = {tuple(s['overrides']) for s in fitting}
+  assert ('train.batch_size',) in changes and ('train.grad_accum_steps',) in changes, r['suggestions']
+  for suggestion in fitting:  # Each, applied, fits.
+    overrides = [f'--config.{k}={v}' for k, v in suggestion['overrides'].items()]
+    code, output, applied = _preflight(*args, *overrides, tmp_path=tmp_path)
+    assert code == 0 and applied['train']['fits'], output[-3000:]
+
+
+def test_the_tpu_compilers_refusal_is_read_as_memory():
+  from mlm_jax import preflight
+  message = ('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO '
+             'temporaries (132.62G) exceeds available HBM (15.75G).')
+  assert preflight._refused_temporaries(message) == int(132.62 * 2**30)
+  assert preflight._refused_temporaries('INTERNAL: something else') is None
+
+
+def test_fsdp_splits_the_state_over_the_devices():
+  _require_compilers('v4-32')
+  from configs import tiny
+  from mlm_jax import preflight
+  config = tiny.get_config()
+  check = preflight.Preflight(config, targets.parse('v4-32'))
+  replicated = check.compile({'mesh.fsdp': 1, 'train.batch_size': 8192})
+  sharded = check.compile({'mesh.fsdp': 16, 'train.batch_size': 8192})
+  # Only the small vectors whose axes are not split (biases, LayerNorm) stay whole.
+  ratio = sharded.memory['state'] / replicated.memory['state']
+  assert 1 / 16 <= ratio < 1.15 / 16, ratio
+  # Activations keep their batch split (512 rows per device): temporaries do not
+  # grow with fsdp, as they did when XLA gathered the whole batch to each device.
+  assert replicated.memory['temporaries'] > 2**20
+  assert sharded.memory['temporaries'] < 1.5 * replicated.memory['temporaries']
+
+
+# -------------------------------------------------------------- on the CPU
+
+
+def test_bf16_train_step_runs_on_cpu(prepared):
+  """The accelerator dtype path, run here: bf16 compute, float32 state, loss going down."""
+  from mlm_jax import input_pipeline, masking, sharding, trainer
+  config, data = prepared
+  config = config.copy_and_resolve_references()
+  config.model.dtype = 'bfloat16'
+  config.model.dropout_rate = 0.0
+  config.train.learning_rate = 3e-3
+  mesh = sharding.make_mesh(1, jax.devices()[:1])
+  built = trainer.build(config, data.tokenizer.vocab_size, mesh)
+  assert built.model_cfg.dtype == jnp.bfloat16
+  state = built.init_state()
+  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(state.params))
+  masker = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  batches = input_pipeline.train_batches(
+      data.source('train'), masker, global_batch=config.train.batch_size, seed=0, start_step=0,
+      process_index=0, process_count=1, prefetch=1, worker_count=0)
+  batch = sharding.to_global(next(batches), mesh)
+  batches.close()
+  losses = []
+  for _ in range(8):  # The same batch: the loss must fall.
+    state, metrics = built.train_step(state, batch, built.dropout_rng)
+    losses.append(float(metrics['loss']))
+  assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.1, losses
+  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(state.params))
+
+
+@pytest.mark.parametrize('t', [128, 512])
+@pytest.mark.parametrize('dtype, tol', [(jnp.float32, 2e-5), (jnp.bfloat16, 3e-2)])
+def test_attention_with_padding_matches_the_reference(t, dtype, tol):
+  """Our XLA attention against softmax(q·kᵀ/√H + mask)·v in float64, rows padded at the end."""
+  from mlm_jax import model as model_lib
+  rng = np.random.default_rng(t)
+  b, n, h = 3, 4, 32
+  qkv = [jnp.asarray(rng.normal(size=(b, t, n, h)), dtype) for _ in range(3)]
+  q, k, v = (np.asarray(x, np.float64) for x in qkv)  # The same (rounded) inputs.
+  lengths = np.array([t, t // 2 + 3, 5])
+  key_mask = np.arange(t)[None] < lengths[:, None]
+  out = model_lib.softmax_attention(*qkv, jnp.asarray(key_mask))
+  scores = np.einsum('bqnh,bknh->bnqk', q, k) / np.sqrt(h)
+  scores = np.where(key_mask[:, None, None, :], scores, -np.inf)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  expected = np.einsum('bnqk,bknh->bqnh', weights, v)
+  np.testing.assert_allclose(np.asarray(out, np.float64), expected, atol=tol, rtol=tol)
