@@ -1,463 +1,53 @@
 """Command line: python -m mlm_jax.bench --config=configs/base.py [--compare=hf].
 
 Times the jitted train step of a config and prints the median step time,
-tokens/s, MFU (flops.py's count of model FLOPs over the chip's peak), compile
-time and peak memory; --json_out also writes every figure. Any config field can
-be overridden, e.g. --config.train.batch_size=8.
-
-No data is prepared: the rows are full [CLS] ... [SEP] rows (no padding) of
-random normal token ids, masked by the real masker, so every step holds B·T
-real tokens. A few distinct batches are put on the devices before timing and
-cycled; the state is donated as in the trainer.
-
-With --compare=hf the same model shape (layers, widths, padded vocabulary),
-batch, masked positions and optimizer (AdamW, same hyper-parameters, clipping
-and weight-decay mask) run through Hugging Face's `BertForMaskedLM` in PyTorch
-in the same process: float32 eager on CPU; on a GPU bf16 autocast (when our
-compute dtype is bf16), SDPA attention and `torch.compile`. Timing windows of
-the two alternate, so both see the same machine load.
+tokens/s, MFU, compile time and peak memory; --compare=hf times Hugging
+Face's BertForMaskedLM on the same batches in the same process;
+--json_out keeps every figure. Any config field can be overridden, e.g.
+--config.train.batch_size=8. See mlm_jax/perf/bench.py and docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-import os
-import platform
-import resource
 import shlex
-import statistics
 import sys
-import time
-from typing import Any, Callable
 
-import jax
-import jax.numpy as jnp
-import ml_collections
-import numpy as np
-from absl import app
 from absl import flags
-from ml_collections import config_flags
 
-from mlm_jax import backend
-from mlm_jax import config_lib
-from mlm_jax import flops as flops_lib
-from mlm_jax import hf as hf_lib
-from mlm_jax import host_malloc
-from mlm_jax import masking
-from mlm_jax import model as model_lib
-from mlm_jax import sharding
-from mlm_jax import tokenizer as tok_lib
-from mlm_jax import train_step as step_lib
-from mlm_jax import trainer
+from mlm_jax import cli
+from mlm_jax.perf import bench
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.',
-                                          lock_config=True)
-flags.mark_flags_as_required(['config'])
+_CONFIG = cli.config_flag()
 _WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed steps after compilation.')
 _STEPS = flags.DEFINE_integer('steps', 10, 'Steps per timing window.')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timing windows; the median window is reported.')
 _NUM_BATCHES = flags.DEFINE_integer('num_batches', 4, 'Distinct synthetic batches, cycled.')
 _PEAK_TFLOPS = flags.DEFINE_float(
     'peak_tflops', 0.0, 'Peak TFLOP/s of one device for MFU (0: config.profile.peak_tflops, '
-    'else the table in mlm_jax/flops.py; an unknown chip, e.g. a CPU, gets no MFU).')
+    'else the chip table in mlm_jax/perf/hardware.py; an unknown chip, e.g. a CPU, gets no MFU).')
 _COMPARE = flags.DEFINE_enum('compare', '', ['', 'hf'],
                              "'hf': also time Hugging Face's BertForMaskedLM (PyTorch).")
 _JSON_OUT = flags.DEFINE_string('json_out', '', 'Also write all figures to this JSON file.')
 
-_HF_HEAD_NOTE = ('HF computes its MLM head (dense + LayerNorm + vocabulary projection) on all '
-                 'T positions of a row, ours on the P gathered masked slots only: that is '
-                 "HF's design and part of this comparison. MFU counts the same model FLOPs "
-                 '(head on P slots) for both.')
 
-
-@dataclasses.dataclass
-class _Timed:
-  """One system's measurements: seconds per step of each window, and the rest."""
-
-  name: str
-  window_step_s: list[float] = dataclasses.field(default_factory=list)
-  info: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-# ------------------------------------------------------------------ batches
-
-
-def synthetic_batches(config: ml_collections.ConfigDict,
-                      num_batches: int) -> list[dict[str, np.ndarray]]:
-  """`num_batches` masked global batches of full rows: input_ids [B, T], masked_* [B, P]...
-
-  Token ids are drawn uniformly from the normal vocabulary [5, vocab); random
-  replacements are uniform too (no corpus, hence no unigram counts).
-  """
-  vocab, b, t = config.tokenizer.vocab_size, config.train.batch_size, config.data.seq_len
-  # Equal counts make the 'unigram' source uniform; 'uniform' ignores them.
-  masker = masking.make_masker(config.masking, vocab, np.ones(vocab))
-  rng = np.random.default_rng(config.seed)
-  batches = []
-  for i in range(num_batches):
-    ids = rng.integers(len(tok_lib.SPECIAL_IDS), vocab, (b, t))
-    ids[:, 0], ids[:, -1] = tok_lib.CLS_ID, tok_lib.SEP_ID
-    batches.append(masker(ids, seed=config.seed, step=i, rows=np.arange(i * b, (i + 1) * b)))
-  return batches
-
-
-# ---------------------------------------------------------------- ours (JAX)
-
-
-class _JaxRunner:
-  """Our train step: compiled once (timed), then run in windows on device-resident batches."""
-
-  def __init__(self, config: ml_collections.ConfigDict, host_batches: list[dict[str, np.ndarray]]):
-    self.timed = _Timed('mlm_jax (JAX)')
-    mesh = sharding.make_mesh(config.mesh.fsdp)
-    built = trainer.build(config, config.tokenizer.vocab_size, mesh)
-    self.model_cfg, self._state, step = built.model_cfg, built.init_state(), built.train_step
-    self.chains = built.chains
-    self._rng = jax.device_put(built.dropout_rng, sharding.replicated(mesh))
-    self._batches = [sharding.to_global(b, mesh) for b in host_batches]
-    start = time.perf_counter()
-    lowered = step.lower(self._state, self._batches[0], self._rng)
-    lowered_s = time.perf_counter() - start
-    self._step = lowered.compile()
-    self.timed.info.update(
-        lower_s=lowered_s, compile_s=time.perf_counter() - start,
-        num_params=sum(x.size for x in jax.tree_util.tree_leaves(self._state.params)),
-        num_devices=mesh.size, mesh_shape=dict(mesh.shape))
-    self._i = 0
-    self._metrics = None
-
-  def run(self, steps: int) -> float:
-    """Runs `steps` steps; returns their wall time, the last one finished on device."""
-    start = time.perf_counter()
-    for _ in range(steps):
-      batch = self._batches[self._i % len(self._batches)]
-      self._state, self._metrics = self._step(self._state, batch, self._rng)
-      self._i += 1
-    jax.block_until_ready((self._state, self._metrics))
-    return time.perf_counter() - start
-
-  def finish(self) -> None:
-    metrics = jax.device_get(self._metrics)
-    self.timed.info.update(final_loss=float(metrics['loss']),
-                           masked_tokens_per_step=float(metrics['num_masked']))
-
-
-# --------------------------------------------------------------- HF (torch)
-
-
-class _TorchRunner:
-  """Hugging Face BertForMaskedLM + torch AdamW on the same shapes, batches and masks."""
-
-  def __init__(self, config: ml_collections.ConfigDict, model_cfg, host_batches,
-               lr_per_step: np.ndarray, use_gpu: bool):
-    torch = hf_lib.require('torch')
-    transformers = hf_lib.require('transformers')
-    self._torch = torch
-    self.timed = _Timed('HF BertForMaskedLM (torch)')
-    torch.set_num_threads(os.cpu_count() or 1)
-    torch.manual_seed(config.seed)
-    self._device = torch.device('cuda' if use_gpu else 'cpu')
-    self._bf16 = jnp.dtype(model_cfg.dtype) == jnp.bfloat16
-    if use_gpu:
-      # JAX's default float32 matmul precision on GPUs uses TF32; let torch do the same.
-      torch.set_float32_matmul_precision('high')
-    # The padded vocabulary, so both models project onto the same V rows.
-    hf_config = transformers.BertConfig(
-        **{**hf_lib.to_hf_config(model_cfg), 'vocab_size': model_cfg.padded_vocab_size},
-        attn_implementation='sdpa')
-    model = transformers.BertForMaskedLM(hf_config).to(self._device).train()
-    # Our weight-decay mask: matrices (kernels, embeddings) decay; biases and LayerNorm do not.
-    params = list(model.parameters())
-    groups = [{'params': [p for p in params if p.ndim >= 2]},
-              {'params': [p for p in params if p.ndim < 2], 'weight_decay': 0.0}]
-    tr = config.train
-    self._opt = torch.optim.AdamW(groups, lr=float(lr_per_step[0]), betas=(tr.adam_b1, tr.adam_b2),
-                                  eps=tr.adam_eps, weight_decay=tr.weight_decay, fused=use_gpu)
-    self._params = params
-    self._clip = tr.grad_clip_norm
-    self._lrs = lr_per_step
-    self._model = torch.compile(model) if use_gpu else model
-    self._batches = [self._to_torch(b) for b in host_batches]
-    self._i = 0
-    self._loss = None
-    self.timed.info.update(
-        device=str(self._device), attn_implementation=hf_config._attn_implementation,
-        autocast_bf16=self._bf16, torch_compile=use_gpu, fused_adamw=use_gpu,
-        num_params=sum(p.numel() for p in params),
-        masked_tokens_per_step=float(np.mean([int((b['labels'] != -100).sum())
-                                              for b in self._batches])))
-
-  def _to_torch(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Our batch -> HF inputs [B, T]; labels are -100 except at the same masked slots."""
-    labels = np.full(batch['input_ids'].shape, -100, np.int64)
-    rows, slots = np.nonzero(batch['masked_weights'] > 0)
-    labels[rows, batch['masked_positions'][rows, slots]] = batch['masked_ids'][rows, slots]
-    t = lambda x: self._torch.from_numpy(np.asarray(x, np.int64)).to(self._device)
-    return {'input_ids': t(batch['input_ids']), 'attention_mask': t(batch['attention_mask']),
-            'token_type_ids': t(batch['segment_ids']), 'labels': t(labels)}
-
-  def step(self) -> None:
-    torch = self._torch
-    for group in self._opt.param_groups:
-      group['lr'] = float(self._lrs[min(self._i, len(self._lrs) - 1)])
-    self._opt.zero_grad(set_to_none=True)
-    with torch.autocast(self._device.type, dtype=torch.bfloat16, enabled=self._bf16):
-      loss = self._model(**self._batches[self._i % len(self._batches)]).loss
-    loss.backward()
-    if self._clip > 0:
-      torch.nn.utils.clip_grad_norm_(self._params, self._clip)
-    self._opt.step()
-    self._loss = loss.detach()
-    self._i += 1
-
-  def run(self, steps: int) -> float:
-    start = time.perf_counter()
-    for _ in range(steps):
-      self.step()
-    if self._device.type == 'cuda':
-      self._torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-  def finish(self) -> None:
-    torch = self._torch
-    info = self.timed.info
-    info['final_loss'] = float(self._loss)
-    if self._device.type == 'cuda':
-      info.update(peak_memory_bytes=int(torch.cuda.max_memory_allocated()),
-                  memory_kind='device (torch.cuda.max_memory_allocated)')
-    else:
-      info.update(peak_memory_bytes=_host_peak_rss(),
-                  memory_kind='host peak RSS of the whole process (both models)')
-
-
-# ------------------------------------------------------------------ figures
-
-
-def _host_peak_rss() -> int:
-  rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  return rss if sys.platform == 'darwin' else rss * 1024  # Linux reports KiB.
-
-
-def _peak_memory(devices) -> tuple[int, str]:
-  """Largest device peak_bytes_in_use, else the process's peak RSS (CPU backends)."""
-  stats = [d.memory_stats() for d in devices]
-  if all(s and 'peak_bytes_in_use' in s for s in stats):
-    return max(s['peak_bytes_in_use'] for s in stats), 'device (peak_bytes_in_use)'
-  return _host_peak_rss(), 'host peak RSS of the process'
-
-
-def _summarise(timed: _Timed, tokens_per_step: float, flops_per_token: float,
-               peak_per_device: float | None, num_devices: int) -> dict[str, Any]:
-  median = statistics.median(timed.window_step_s)
-  tokens_per_sec = tokens_per_step / median
-  return {
-      'name': timed.name,
-      'step_time_s': {'median': median, 'min': min(timed.window_step_s),
-                      'max': max(timed.window_step_s), 'windows': timed.window_step_s},
-      'tokens_per_sec': tokens_per_sec,
-      'mfu': flops_lib.mfu(tokens_per_sec, flops_per_token, peak_per_device, num_devices),
-      **timed.info,
-  }
-
-
-def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: int = 10,
-                  repeats: int = 5, num_batches: int = 4, peak_tflops: float = 0.0,
-                  compare: str = '', log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-  """Times our train step (and HF's with compare='hf'); returns every figure as a dict."""
-  for name, value, least in (('warmup', warmup, 0), ('steps', steps, 1), ('repeats', repeats, 1),
-                             ('num_batches', num_batches, 1)):
-    if value < least:
-      raise config_lib.ConfigError(f'--{name}={value} must be at least {least}.')
-  if compare == 'hf':
-    # JAX would otherwise reserve most of a GPU's memory before torch gets any
-    # (read when JAX first touches a device, so it must be set before).
-    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
-  config_lib.validate(config, num_devices=jax.device_count())
-  if config.sentence_pair.task != 'none':
-    raise config_lib.ConfigError(
-        f'config.sentence_pair.task={config.sentence_pair.task!r}: the benchmark times the MLM '
-        "objective only (as Hugging Face's BertForMaskedLM); leave it 'none'.")
-  host_batches = synthetic_batches(config, num_batches)
-  tokens_per_step = float(np.mean([b['attention_mask'].sum() for b in host_batches]))
-
-  log('Compiling our train step...')
-  ours = _JaxRunner(config, host_batches)
-  model_cfg = ours.model_cfg
-  backend = jax.default_backend()
-  device_kind = jax.devices()[0].device_kind
-  ours.run(max(warmup, 1))  # At least one step: the steady-state memory peak.
-  ours.timed.info['peak_memory_bytes'], ours.timed.info['memory_kind'] = (
-      _peak_memory(jax.local_devices()))
-  runners: list[Any] = [ours]
-  hf = None
-  if compare == 'hf':
-    # The learning rates our schedule gives at each step (it matters little for speed).
-    schedule = step_lib.learning_rate_schedule(config.train)
-    lrs = np.asarray(schedule(np.arange(max(warmup, 1) + repeats * steps + 1)))
-    hf = _TorchRunner(config, model_cfg, host_batches, lrs, use_gpu=backend == 'gpu'
-                      and hf_lib.require('torch').cuda.is_available())
-    log(f'Warming up HF BertForMaskedLM on {hf.timed.info["device"]}...')
-    hf.timed.info['first_step_s'] = hf.run(1)  # torch.compile compiles here on GPU.
-    if warmup > 1:
-      hf.run(warmup - 1)
-    runners.append(hf)
-
-  log(f'Timing {repeats} windows of {steps} steps{" each, alternating" if hf else ""}...')
-  for _ in range(repeats):
-    for runner in runners:
-      runner.timed.window_step_s.append(runner.run(steps) / steps)
-  for runner in runners:
-    runner.finish()
-
-  # A CPU counts as one device however many XLA host devices it is split into.
-  physical_devices = 1 if backend == 'cpu' else ours.timed.info['num_devices']
-  peak = flops_lib.peak_flops_per_device(device_kind, peak_tflops or config.profile.peak_tflops)
-  flops_per_token = _flops_per_token(model_cfg, config.data.seq_len, config.masking.max_predictions)
-  result = {
-      'machine': _machine(backend, device_kind, compare),
-      'shape': _shape(config, model_cfg) | {'concurrent_chains': ours.chains},
-      'timing': {'warmup': warmup, 'steps': steps, 'repeats': repeats, 'num_batches': num_batches},
-      'tokens_per_step': tokens_per_step,
-      'flops_per_token': flops_per_token,
-      'peak_flops_per_device': peak,
-      'ours': _summarise(ours.timed, tokens_per_step, flops_per_token, peak, physical_devices),
-  }
-  if hf is not None:
-    # The chip's peak applies to HF only if it runs on the same kind of device.
-    same_chip = (hf.timed.info['device'] == 'cuda') == (backend == 'gpu')
-    hf_peak = peak if same_chip else None
-    result['hf'] = _summarise(hf.timed, tokens_per_step, flops_per_token, hf_peak, 1)
-    # What HF's step computes: its head runs on all T positions (P = T).
-    result['hf']['flops_per_token_as_computed'] = _flops_per_token(
-        model_cfg, config.data.seq_len, config.data.seq_len)
-    result['hf']['note'] = _HF_HEAD_NOTE
-    # Several accelerators against HF's one: compare per device.
-    per = physical_devices
-    result['ratio_tokens_per_sec'] = (result['ours']['tokens_per_sec'] / per
-                                      / result['hf']['tokens_per_sec'])
-    # The fastest windows: less affected by other load on a shared machine.
-    result['ratio_tokens_per_sec_best_window'] = (result['hf']['step_time_s']['min']
-                                                 / result['ours']['step_time_s']['min'] / per)
-    result['ratio_basis'] = 'per device' if per > 1 else 'total'
-  return result
-
-
-def _flops_per_token(model_cfg: model_lib.ModelConfig, seq_len: int, head_rows: int) -> float:
-  return flops_lib.flops_per_token(
-      num_layers=model_cfg.num_layers, hidden_size=model_cfg.hidden_size,
-      intermediate_size=model_cfg.intermediate_size, seq_len=seq_len,
-      vocab_size=model_cfg.padded_vocab_size, max_predictions=head_rows)
-
-
-def _shape(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig) -> dict[str, Any]:
-  return {'num_layers': model_cfg.num_layers, 'hidden_size': model_cfg.hidden_size,
-          'num_heads': model_cfg.num_heads, 'intermediate_size': model_cfg.intermediate_size,
-          'seq_len': config.data.seq_len, 'max_predictions': config.masking.max_predictions,
-          'vocab_size': model_cfg.vocab_size, 'padded_vocab_size': model_cfg.padded_vocab_size,
-          'batch_size': config.train.batch_size, 'grad_accum_steps': config.train.grad_accum_steps,
-          'dtype': np.dtype(model_cfg.dtype).name, 'dropout_rate': model_cfg.dropout_rate,
-          'attention_dropout_rate': model_cfg.attention_dropout_rate}
-
-
-def _machine(backend: str, device_kind: str, compare: str) -> dict[str, Any]:
-  machine = {'jax_version': jax.__version__, 'jax_backend': backend, 'device_kind': device_kind,
-             'num_devices': jax.device_count(), 'cpu_count': os.cpu_count(),
-             'python': platform.python_version(), 'platform': platform.platform(),
-             'host_malloc': host_malloc.description()}
-  if compare == 'hf':
-    import torch
-    import transformers
-    machine.update(torch_version=torch.__version__, transformers_version=transformers.__version__,
-                   torch_num_threads=torch.get_num_threads())
-    if torch.cuda.is_available():
-      machine['torch_device_name'] = torch.cuda.get_device_name()
-  return machine
-
-
-# ------------------------------------------------------------------- output
-
-
-def format_report(result: dict[str, Any]) -> str:
-  """The readable table printed by the command."""
-  s, m = result['shape'], result['machine']
-  systems = [result['ours']] + ([result['hf']] if 'hf' in result else [])
-
-  def gib(x):
-    return f'{x / 2**30:.2f} GiB'
-
-  def ms(t):
-    return f'{1e3 * t["median"]:.1f} ms [{1e3 * t["min"]:.1f}, {1e3 * t["max"]:.1f}]'
-
-  def mfu(x):
-    return 'n/a (no known peak; pass --peak_tflops)' if x is None else f'{100 * x:.2f}%'
-
-  rows = [
-      ('step time: median [min, max]', [ms(x['step_time_s']) for x in systems]),
-      ('tokens/s (real, non-padding)', [f'{x["tokens_per_sec"]:,.0f}' for x in systems]),
-      ('MFU', [mfu(x['mfu']) for x in systems]),
-      ('compile', [f'{result["ours"]["compile_s"]:.1f} s (lower + compile)']
-       + ([f'{result["hf"]["first_step_s"]:.1f} s (first step'
-           + (', torch.compile)' if result['hf']['torch_compile'] else ', eager)')]
-          if 'hf' in result else [])),
-      ('peak memory', [f'{gib(x["peak_memory_bytes"])} {x["memory_kind"]}' for x in systems]),
-      ('parameters', [f'{x["num_params"]:,}' for x in systems]),
-      ('masked tokens / step', [f'{x["masked_tokens_per_step"]:,.0f}' for x in systems]),
-      ('loss at the last step', [f'{x["final_loss"]:.4f}' for x in systems]),
-  ]
-  width = max(len(name) for name, _ in rows)
-  col = max(len(v) for _, values in rows for v in values[:1] + [systems[0]['name']]) + 2
-  lines = [
-      f'L={s["num_layers"]} d={s["hidden_size"]} heads={s["num_heads"]} '
-      f'd_ff={s["intermediate_size"]} T={s["seq_len"]} P={s["max_predictions"]} '
-      f'V={s["padded_vocab_size"]} ({s["vocab_size"]} real) B={s["batch_size"]} {s["dtype"]} '
-      f'dropout={s["dropout_rate"]}/{s["attention_dropout_rate"]} '
-      f'chains={s.get("concurrent_chains", 1)}',
-      f'{m["jax_backend"]}: {m["num_devices"]} x {m["device_kind"]}, {m["cpu_count"]} CPUs, '
-      f'jax {m["jax_version"]}' + (f', torch {m["torch_version"]}' if 'torch_version' in m else '')
-      + f'; host malloc {m.get("host_malloc", "default")}'
-      + (' (both systems: one process)' if 'torch_version' in m else ''),
-      f'{result["timing"]["repeats"]} windows of {result["timing"]["steps"]} steps after '
-      f'{result["timing"]["warmup"]} warm-up steps; {result["tokens_per_step"]:,.0f} tokens/step; '
-      f'{result["flops_per_token"] / 1e6:,.2f} MFLOPs/token (flops.py)',
-      '',
-      ' ' * width + '  ' + ''.join(x['name'].ljust(col) for x in systems),
-  ]
-  lines += [name.ljust(width) + '  ' + ''.join(v.ljust(col) for v in values)
-            for name, values in rows]
-  if 'hf' in result:
-    hf = result['hf']
-    lines += ['', f'mlm_jax / HF tokens/s ({result["ratio_basis"]}): '
-              f'{result["ratio_tokens_per_sec"]:.2f}x at the median window, '
-              f'{result["ratio_tokens_per_sec_best_window"]:.2f}x at the fastest',
-              f'HF: {hf["device"]}, attention {hf["attn_implementation"]}, '
-              f'bf16 autocast {hf["autocast_bf16"]}, torch.compile {hf["torch_compile"]}.',
-              hf['note']]
-  return '\n'.join(lines)
-
-
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  backend.choose_platform()  # Before JAX starts a backend.
-  host_malloc.tune()
-  try:
-    result = run_benchmark(
-        _CONFIG.value, warmup=_WARMUP.value, steps=_STEPS.value, repeats=_REPEATS.value,
-        num_batches=_NUM_BATCHES.value, peak_tflops=_PEAK_TFLOPS.value, compare=_COMPARE.value,
-        log=lambda s: print(s, file=sys.stderr, flush=True))
-  except (config_lib.ConfigError, ImportError) as e:
-    sys.exit(f'error: {e}')
+def main() -> int:
+  result = bench.run_benchmark(
+      _CONFIG.value, warmup=_WARMUP.value, steps=_STEPS.value, repeats=_REPEATS.value,
+      num_batches=_NUM_BATCHES.value, peak_tflops=_PEAK_TFLOPS.value, compare=_COMPARE.value,
+      log=lambda s: print(s, file=sys.stderr, flush=True))
   result['command'] = shlex.join(['python', '-m', 'mlm_jax.bench', *sys.argv[1:]])
-  print(format_report(result), flush=True)
+  print(bench.format_report(result), flush=True)
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, 'w') as f:
       json.dump(result, f, indent=2)
     print(f'Wrote {_JSON_OUT.value}', flush=True)
   if not all(math.isfinite(result[k]['final_loss']) for k in ('ours', 'hf') if k in result):
-    sys.exit('error: a loss is not finite')
+    print('error: a loss is not finite', file=sys.stderr)
+    return 1
+  return 0
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main, tune_host_malloc=True)

@@ -1,116 +1,34 @@
 """Command line: python -m mlm_jax.export --workdir=runs/tiny --out=exported/.
 
-Writes a Hugging Face model directory from a checkpoint of a training run:
-
-  OUT/config.json             BertConfig (architectures ['BertForMaskedLM'])
-  OUT/model.safetensors       the weights, vocabulary padding rows dropped
-  OUT/tokenizer.json          the run's sentencepiece model as a tokenizers Unigram
-  OUT/tokenizer_config.json   special tokens; encoding adds [CLS] ... [SEP]
-
-so that `AutoModelForMaskedLM`, `AutoTokenizer` and `pipeline('fill-mask')`
-load it offline. --step picks a checkpoint (default: the latest);
---embedding_correction applies `embedding_correction` to the token embedding.
-Needs the interop extra (safetensors, tokenizers), not torch.
+Writes a Hugging Face model directory (BertForMaskedLM, safetensors, and the
+run's tokenizer) from a checkpoint of a training run; --step picks one
+(default: the latest); --embedding_correction replaces each token embedding
+by its expectation under the run's masking. See mlm_jax/interop/export.py.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
-import jax
-import numpy as np
-from absl import app
 from absl import flags
-from absl import logging
 
-from mlm_jax import backend
-from mlm_jax import hf
-from mlm_jax import masking
-from mlm_jax import tokenizer as tok_lib
-from mlm_jax import workdir as workdir_lib
+from mlm_jax import cli
+from mlm_jax.interop import export
 
-
-def embedding_correction(embedding: np.ndarray, *, select_rate: float, mask_prob: float,
-                         random_prob: float, random_weights: np.ndarray,
-                         mask_id: int = tok_lib.MASK_ID) -> np.ndarray:
-  """E <- (1-r) E + r (p_mask E[MASK] + p_keep E + p_rand Ebar), row by row.
-
-  In pre-training, a position holding a token fed the encoder that token's
-  row when not selected (1-r) and, when selected, [MASK]'s row (p_mask), its
-  own (p_keep = 1 - p_mask - p_rand) or a random token's (p_rand; expected
-  row Ebar). Each row becomes that expectation, so that unmasked input at
-  inference resembles on average what the encoder was trained on. The MLM
-  projection is tied to this table, so it changes too.
-
-  embedding: [V, d], the rows of the real vocabulary (special ones included,
-  corrected by the same formula). random_weights: [V] unnormalised weights of
-  the random replacements (zero on special tokens); Ebar is their weighted
-  mean of the rows. All terms use the uncorrected table.
-  """
-  e = np.asarray(embedding, np.float64)
-  w = np.asarray(random_weights, np.float64)
-  ebar = w @ e / w.sum()                                    # [d]
-  keep = 1.0 - mask_prob - random_prob
-  mixed = mask_prob * e[mask_id] + keep * e + random_prob * ebar
-  return ((1.0 - select_rate) * e + select_rate * mixed).astype(embedding.dtype)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Workdir of a training run.')
+_OUT = flags.DEFINE_string('out', None, 'Directory to write the Hugging Face model to.')
+flags.mark_flags_as_required(['workdir', 'out'])
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to export (default: the latest).')
+_CORRECTION = flags.DEFINE_bool(
+    'embedding_correction', False, 'Replace each token embedding by its expectation under '
+    "the run's masking recipe (see mlm_jax/interop/export.py).")
 
 
-def correct_run_embedding(run: workdir_lib.TrainedRun) -> dict:
-  """The run's params with `embedding_correction` applied as its config's masking did."""
-  m, vocab = run.config['masking'], run.model_cfg.vocab_size
-  counts = None
-  if m['random_source'] == 'unigram':
-    counts = np.load(os.path.join(run.config['resolved']['data_dir'], 'unigram_counts.npy'))
-  # The distribution the masker drew random tokens from: specials zeroed.
-  weights = masking.replacement_distribution(m['random_source'], vocab, counts)
-  table = run.params['encoder']['embeddings']['token']['embedding']
-  corrected = table.copy()
-  corrected[:vocab] = embedding_correction(
-      table[:vocab], select_rate=m['select_rate'], mask_prob=m['mask_prob'],
-      random_prob=m['random_prob'], random_weights=weights)
-  params = jax.tree_util.tree_map(lambda x: x, run.params)  # New dicts, same arrays.
-  params['encoder']['embeddings']['token']['embedding'] = corrected
-  return params
-
-
-def export(workdir: str, out_dir: str, step: int | None = None,
-           apply_embedding_correction: bool = False) -> workdir_lib.TrainedRun:
-  """Writes the Hugging Face directory `out_dir`; returns the run it was made from."""
-  for module in ('safetensors', 'tokenizers'):
-    hf.require(module)  # Fail before any work, naming the extra to install.
-  run = workdir_lib.load(workdir, step)
-  params = correct_run_embedding(run) if apply_embedding_correction else run.params
-  hf.save_model(out_dir, params, run.model_cfg)
-  hf.save_tokenizer(out_dir, run.tokenizer, run.model_cfg.max_position_embeddings)
-  return run
-
-
-def _define_flags() -> None:
-  # Defined only when run as a script, so that importing this module next to
-  # another command's module does not redefine --workdir.
-  flags.DEFINE_string('workdir', None, 'Workdir of a training run.')
-  flags.DEFINE_string('out', None, 'Directory to write the Hugging Face model to.')
-  flags.DEFINE_integer('step', None, 'Checkpoint step to export (default: the latest).')
-  flags.DEFINE_bool('embedding_correction', False, 'Replace each token embedding by its '
-                    "expectation under the run's masking recipe (see embedding_correction).")
-  flags.mark_flags_as_required(['workdir', 'out'])
-
-
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  backend.choose_platform()  # Before JAX starts a backend.
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every read at INFO.
-  f = flags.FLAGS
-  try:
-    run = export(f.workdir, f.out, f.step, f.embedding_correction)
-  except (ImportError, FileNotFoundError, ValueError) as e:
-    sys.exit(f'error: {e}')
-  note = ' with embedding correction' if f.embedding_correction else ''
-  print(f'exported step {run.step} of {run.workdir}{note} to {os.path.abspath(f.out)}')
+def main() -> None:
+  run = export.export(_WORKDIR.value, _OUT.value, _STEP.value, _CORRECTION.value)
+  note = ' with embedding correction' if _CORRECTION.value else ''
+  print(f'exported step {run.step} of {run.workdir}{note} to {os.path.abspath(_OUT.value)}')
 
 
 if __name__ == '__main__':
-  _define_flags()
-  app.run(main)
+  cli.run(main)

@@ -1,186 +1,34 @@
-"""What each layer has learned: the trained MLM head read out at every layer.
+"""Command line: python -m mlm_jax.layer_report --workdir=W [--max_batches=N] [--step=S].
 
-  python -m mlm_jax.layer_report --workdir=W [--max_batches=N] [--step=S]
-
-runs the head of checkpoint S (default: the latest) on the output of the
-embeddings (layer 0) and of every block (layers 1..L) for the held-out masked
-tokens that training evaluates on (the validation split with the fixed masks
-of config.eval.mask_seed), and writes the MLM loss and accuracy per layer to
-W/layer_report.{json,csv,png} and a table to stdout.
-
-The head was trained on the last layer only, so this is a "logit lens": a low
-accuracy at a lower layer says its representation is not yet in the form the
-head reads, not that the information is absent (a probe trained per layer
-would tell that). The last row equals the run's own eval metric (same masks,
-same batches when --max_batches matches config.eval.max_batches).
+Runs the trained MLM head of a checkpoint on the output of every layer for
+the held-out masked tokens and writes the loss and accuracy per layer to
+W/layer_report.{json,csv,png} and a table to stdout. See
+mlm_jax/analysis/layer_report.py.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import os
-from typing import Any
 
-import jax
-import ml_collections
-import numpy as np
-from absl import app
 from absl import flags
-from absl import logging
 
-from mlm_jax import backend
-from mlm_jax import input_pipeline
-from mlm_jax import masking
-from mlm_jax import model as model_lib
-from mlm_jax import prepare as prepare_lib
-from mlm_jax import train_step as step_lib
-from mlm_jax import workdir as workdir_lib
+from mlm_jax import cli
+from mlm_jax.analysis import layer_report
 
-
-def _layer_terms_fn(model: model_lib.BertForMLM):
-  """jit(params, batch) -> {loss_sum, correct_sum, weight_sum}, each [L + 1]."""
-
-  def layer_terms(params, batch):
-    layers = model.apply({'params': params}, batch, method=model_lib.BertForMLM.all_layers)
-
-    def one_layer(sequence):  # [B, T, d] -> scalar sums
-      logits = model.apply({'params': params}, sequence, batch['masked_positions'],
-                           method=model_lib.BertForMLM.mlm_logits)
-      return step_lib.mlm_loss_terms(logits, batch['masked_ids'], batch['masked_weights'])
-
-    # One layer's [B, P, V] logits at a time, not all L + 1 at once.
-    return jax.lax.map(one_layer, layers)
-
-  return jax.jit(layer_terms)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.')
+flags.mark_flags_as_required(['workdir'])
+_MAX_BATCHES = flags.DEFINE_integer(
+    'max_batches', None, 'Evaluation batches (default: config.eval.max_batches of the run; '
+    '0: the whole validation split).')
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
 
 
-def layer_report(workdir: str, *, max_batches: int | None = None,
-                 step: int | None = None) -> dict[str, Any]:
-  """Computes the per-layer table and writes WORKDIR/layer_report.{json,csv,png}.
-
-  max_batches: evaluation batches to use (None: config.eval.max_batches of
-  the run; 0: the whole validation split).
-  """
-  run = workdir_lib.load(workdir, step)
-  config = run.config
-  data_dir = config['resolved']['data_dir']
-  if not os.path.exists(os.path.join(data_dir, 'stats.json')):
-    raise FileNotFoundError(
-        f'the prepared data of this run ({data_dir}, from config.json) is missing; '
-        'prepare it again with the run\'s config (python -m mlm_jax.train does).')
-  data = prepare_lib.load(data_dir)
-  tokenizer = data.tokenizer
-  masker = masking.make_masker(ml_collections.ConfigDict(config['masking']),
-                               tokenizer.vocab_size, data.unigram_counts,
-                               [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)])
-  source = data.source('validation')
-  # The batch size the run evaluated with: the masks depend on it.
-  global_batch = input_pipeline.eval_batch_size(
-      len(source), config['eval']['batch_size'], config['resolved']['num_devices'])
-  if max_batches is None:
-    max_batches = config['eval']['max_batches']
-
-  model = model_lib.BertForMLM(run.model_cfg)
-  params = jax.device_put(run.params)
-  layer_terms = _layer_terms_fn(model)
-  num_layers = run.model_cfg.num_layers + 1
-  totals = {k: np.zeros(num_layers) for k in ('loss_sum', 'correct_sum', 'weight_sum')}
-  top_token = data.most_frequent_token()
-  baseline = np.zeros(2)  # [hits, masked]
-  num_batches = 0
-  for batch in input_pipeline.eval_batches(source, masker, global_batch=global_batch,
-                                           mask_seed=config['eval']['mask_seed'],
-                                           max_batches=max_batches):
-    w = batch['masked_weights']
-    baseline += [np.sum(w * (batch['masked_ids'] == top_token)), np.sum(w)]
-    for k, v in jax.device_get(layer_terms(params, batch)).items():
-      totals[k] += np.asarray(v, np.float64)
-    num_batches += 1
-
-  denom = np.maximum(totals['weight_sum'], 1.0)
-  layers = [{'layer': i,
-             'module': 'encoder/embeddings' if i == 0 else f'encoder/layer_{i - 1}',
-             'loss': float(totals['loss_sum'][i] / denom[i]),
-             'mlm_accuracy': float(totals['correct_sum'][i] / denom[i]),
-             'num_masked': int(totals['weight_sum'][i])} for i in range(num_layers)]
-  report = {'workdir': run.workdir, 'checkpoint_step': run.step, 'num_batches': num_batches,
-            'batch_size': global_batch, 'mask_seed': config['eval']['mask_seed'],
-            'baseline_token': data.tokenizer.id_to_piece(top_token),
-            'baseline_accuracy': float(baseline[0] / max(baseline[1], 1.0)),
-            'layers': layers}
-  _write(run.workdir, report)
-  return report
-
-
-def format_table(report: dict[str, Any]) -> str:
-  lines = [f'Checkpoint {report["checkpoint_step"]}: the MLM head on every layer\'s output, '
-           f'{report["layers"][0]["num_masked"]} held-out masked tokens',
-           f'{"layer":>5}  {"module":<20} {"loss":>8}  {"MLM accuracy":>12}']
-  for row in report['layers']:
-    lines.append(f'{row["layer"]:>5}  {row["module"]:<20} {row["loss"]:>8.4f}  '
-                 f'{row["mlm_accuracy"]:>12.4f}')
-  lines.append(f'Always predicting {report["baseline_token"]!r}: accuracy '
-               f'{report["baseline_accuracy"]:.4f}')
-  return '\n'.join(lines)
-
-
-def _write(workdir: str, report: dict[str, Any]) -> None:
-  with open(os.path.join(workdir, 'layer_report.json'), 'w') as f:
-    json.dump(report, f, indent=2)
-  with open(os.path.join(workdir, 'layer_report.csv'), 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=list(report['layers'][0]))
-    writer.writeheader()
-    writer.writerows(report['layers'])
-  _plot(report, os.path.join(workdir, 'layer_report.png'))
-
-
-def _plot(report: dict[str, Any], path: str) -> None:
-  import matplotlib
-  matplotlib.use('Agg')  # Files only: no display needed.
-  import matplotlib.pyplot as plt
-
-  rows = report['layers']
-  x = [r['layer'] for r in rows]
-  fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
-  acc_ax.plot(x, [r['mlm_accuracy'] for r in rows], 'o-', label='MLM head')
-  acc_ax.axhline(report['baseline_accuracy'], color='gray', linestyle='--',
-                 label=f'always {report["baseline_token"]!r}')
-  acc_ax.set(title='Held-out MLM accuracy', xlabel='layer (0 = embeddings)', ylabel='accuracy')
-  acc_ax.legend(fontsize='small')
-  loss_ax.plot(x, [r['loss'] for r in rows], 'o-', color='C1')
-  loss_ax.set(title='Held-out MLM loss', xlabel='layer (0 = embeddings)',
-              ylabel='cross-entropy (nats)')
-  for ax in (acc_ax, loss_ax):
-    ax.set_xticks(x)
-    ax.ticklabel_format(axis='y', useOffset=False)  # Absolute values on the axis.
-    ax.grid(alpha=0.3)
-  fig.suptitle(f'{os.path.basename(report["workdir"])}, step {report["checkpoint_step"]}')
-  fig.tight_layout()
-  fig.savefig(path)
-  plt.close(fig)
-
-
-def _cli() -> None:
-  # Flags are defined here, not at import, so other modules' --workdir do not clash.
-  workdir = flags.DEFINE_string('workdir', None, 'Training workdir.')
-  max_batches = flags.DEFINE_integer(
-      'max_batches', None, 'Evaluation batches (default: config.eval.max_batches of the run; '
-      '0: the whole validation split).')
-  step = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
-  flags.mark_flag_as_required('workdir')
-
-  def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-      raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-    backend.choose_platform()  # Before JAX starts a backend.
-    logging.set_verbosity(logging.WARNING)  # Not the checkpoint library's INFO lines.
-    report = layer_report(workdir.value, max_batches=max_batches.value, step=step.value)
-    print(format_table(report))
-    print(f'Written: {os.path.join(report["workdir"], "layer_report.{json,csv,png}")}')
-
-  app.run(main)
+def main() -> None:
+  report = layer_report.layer_report(_WORKDIR.value, max_batches=_MAX_BATCHES.value,
+                                     step=_STEP.value)
+  print(layer_report.format_table(report))
+  print(f'Written: {os.path.join(report["workdir"], "layer_report.{json,csv,png}")}')
 
 
 if __name__ == '__main__':
-  _cli()
+  cli.run(main)

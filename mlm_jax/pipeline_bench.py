@@ -1,34 +1,20 @@
 """Command line: python -m mlm_jax.pipeline_bench --config=configs/tiny.py.
 
-Times the host input pipeline alone, as the trainer runs it for one process:
-prepared rows -> grain (shuffle, batch, config.input's worker processes and
-prefetch) -> sentence pairs (if configured) -> masking. No model, no devices.
-Prints tokens/s (rows x T per second, padding included, as the trainer counts
-them): the median of several timed windows after a warm-up. Any config field
-can be overridden, e.g. --config.input.worker_count=2 or
---config.masking.mode=span. The data is prepared first if needed, exactly as
-the trainer prepares it.
+Times the host input pipeline alone, as the trainer runs it for one process
+(prepared rows -> grain -> sentence pairs -> masking; no model, no devices),
+and prints tokens/s per process: the median of several windows after a
+warm-up. Any config field can be overridden, e.g. --config.input.worker_count=2.
+See mlm_jax/perf/pipeline_bench.py.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-from typing import Any
-
-import ml_collections
-from absl import app
 from absl import flags
-from ml_collections import config_flags
 
-from mlm_jax import config_lib
-from mlm_jax import input_pipeline
-from mlm_jax import masking
-from mlm_jax import prepare
+from mlm_jax import cli
+from mlm_jax.perf import pipeline_bench
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.',
-                                          lock_config=True)
-flags.mark_flags_as_required(['config'])
+_CONFIG = cli.config_flag()
 _WARMUP_S = flags.DEFINE_float('warmup_s', 3.0, 'Untimed seconds after the first batch.')
 _WINDOW_S = flags.DEFINE_float('window_s', 2.0, 'Seconds per timing window.')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timing windows; the median is reported.')
@@ -37,63 +23,12 @@ _NUM_PROCESSES = flags.DEFINE_integer(
     'config.train.batch_size).')
 
 
-def measure(config: ml_collections.ConfigDict, *, warmup_s: float, window_s: float,
-            repeats: int, num_processes: int = 1) -> dict[str, Any]:
-  """Tokens/s of one process's train batches; the median of `repeats` windows."""
-  config_lib.validate(config)
-  data = prepare.prepare(config)
-  tokenizer = data.tokenizer
-  pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-  masker = masking.make_masker(config.masking, tokenizer.vocab_size, data.unigram_counts, pieces)
-  start = time.perf_counter()
-  batches = input_pipeline.train_batches(
-      data.source('train'), masker, global_batch=config.train.batch_size, seed=config.seed,
-      process_count=num_processes, prefetch=config.input.prefetch,
-      worker_count=config.input.worker_count, sentence_pair=config.sentence_pair.task)
-  try:
-    first = next(batches)
-    first_batch_s = time.perf_counter() - start
-    tokens_per_batch = first['input_ids'].size
-
-    def run(seconds: float) -> float:
-      """Tokens/s over whole batches for at least `seconds`."""
-      n, t0 = 0, time.perf_counter()
-      while (elapsed := time.perf_counter() - t0) < seconds or n == 0:
-        next(batches)
-        n += 1
-      return n * tokens_per_batch / elapsed
-
-    run(warmup_s)
-    windows = [run(window_s) for _ in range(repeats)]
-  finally:
-    batches.close()
-  return {
-      'tokens_per_sec': statistics.median(windows),
-      'windows_tokens_per_sec': windows,
-      'first_batch_s': first_batch_s,
-      'rows_per_batch': len(first['input_ids']),
-      'seq_len': first['input_ids'].shape[1],
-      'max_predictions': first['masked_positions'].shape[1],
-      'masking_mode': masker.mode,
-      'sentence_pair': config.sentence_pair.task,
-      'worker_count': config.input.worker_count,
-      'prefetch': config.input.prefetch,
-  }
-
-
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  r = measure(_CONFIG.value, warmup_s=_WARMUP_S.value, window_s=_WINDOW_S.value,
-              repeats=_REPEATS.value, num_processes=_NUM_PROCESSES.value)
-  print(f"host pipeline: {r['rows_per_batch']} rows x T={r['seq_len']}, P={r['max_predictions']}, "
-        f"masking={r['masking_mode']}, sentence_pair={r['sentence_pair']}, "
-        f"workers={r['worker_count']}, prefetch={r['prefetch']}")
-  print(f"first batch after {r['first_batch_s']:.2f} s; windows (tokens/s): "
-        + ', '.join(f'{w:,.0f}' for w in r['windows_tokens_per_sec']))
-  print(f"tokens/s per process (median of {len(r['windows_tokens_per_sec'])} windows): "
-        f"{r['tokens_per_sec']:,.0f}")
+def main() -> None:
+  result = pipeline_bench.measure(_CONFIG.value, warmup_s=_WARMUP_S.value,
+                                  window_s=_WINDOW_S.value, repeats=_REPEATS.value,
+                                  num_processes=_NUM_PROCESSES.value)
+  print(pipeline_bench.format_report(result), flush=True)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

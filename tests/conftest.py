@@ -13,7 +13,7 @@ import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 
-from mlm_jax import corpus  # noqa: E402
+from mlm_jax.data import corpus  # noqa: E402
 
 
 def write_corpus(directory: pathlib.Path, num_files: int = 4, docs_per_file: int = 250) -> str:
@@ -60,7 +60,7 @@ def micro_config(corpus_glob: str, data_dir: str):
 
 @pytest.fixture(scope='session')
 def prepared(corpus_glob, tmp_path_factory):
-  from mlm_jax import prepare
+  from mlm_jax.data import prepare
   config = micro_config(corpus_glob, str(tmp_path_factory.mktemp('data') / 'micro'))
   return config, prepare.prepare(config)
 

@@ -5,8 +5,10 @@ import pathlib
 
 import pytest
 
-from configs import base, large, tiny
-from mlm_jax import config_lib
+from configs import base
+from configs import large
+from configs import tiny
+from mlm_jax import configuration as config_lib
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / 'configs'
 

@@ -8,16 +8,16 @@ import sys
 import numpy as np
 import pytest
 
-from mlm_jax import corpus
-from mlm_jax import input_pipeline
-from mlm_jax import masking
-from mlm_jax import prepare
-from mlm_jax import tokenizer as tok
+from mlm_jax.data import corpus
+from mlm_jax.data import masking
+from mlm_jax.data import pipeline as input_pipeline
+from mlm_jax.data import prepare
+from mlm_jax.data import tokenizer as tok
 from tests.conftest import micro_config
 
 
 def test_default_corpus_is_stdlib_docstrings_read_without_importing():
-  code = ('import sys; before = set(sys.modules); from mlm_jax import corpus; '
+  code = ('import sys; before = set(sys.modules); from mlm_jax.data import corpus; '
           'docs = list(corpus.stdlib_docstrings()); '
           'new = set(sys.modules) - before; '
           'print(len(docs), sum(map(len, docs)), '

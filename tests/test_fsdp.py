@@ -8,13 +8,15 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
-from mlm_jax import model as model_lib
-from mlm_jax import sharding
-from mlm_jax import train_step as step_lib
-from mlm_jax import trainer
-from tests.conftest import REPO, write_config_file
+from mlm_jax.model import bert as model_lib
+from mlm_jax.runtime import sharding
+from mlm_jax.training import loop as trainer
+from mlm_jax.training import step as step_lib
+from tests.conftest import REPO
+from tests.conftest import write_config_file
 
 
 def _losses(workdir):
@@ -30,7 +32,7 @@ def test_fsdp_splits_every_matrix_and_both_adam_moments():
   example = {'input_ids': ids, 'attention_mask': ids + 1, 'segment_ids': ids,
              'masked_positions': ids[:, :3], 'masked_ids': ids[:, :3],
              'masked_weights': jnp.zeros((1, 3))}
-  train = trainer.ml_collections.ConfigDict(dict(
+  train = ml_collections.ConfigDict(dict(
       learning_rate=1e-3, warmup_steps=1, num_steps=10, grad_clip_norm=1.0, adam_b1=0.9,
       adam_b2=0.999, adam_eps=1e-6, weight_decay=0.01))
   mesh = sharding.make_mesh(fsdp=4)

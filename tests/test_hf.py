@@ -20,14 +20,14 @@ import flax.linen  # noqa: E402
 import jax  # noqa: E402
 import optax  # noqa: E402
 
-from mlm_jax import checkpoint  # noqa: E402
-from mlm_jax import export as export_lib  # noqa: E402
-from mlm_jax import fill_mask  # noqa: E402
-from mlm_jax import hf  # noqa: E402
-from mlm_jax import model as model_lib  # noqa: E402
-from mlm_jax import tokenizer as tok_lib  # noqa: E402
-from mlm_jax import train_step as step_lib  # noqa: E402
-from mlm_jax import trainer  # noqa: E402
+from mlm_jax.analysis import fill_mask  # noqa: E402
+from mlm_jax.data import tokenizer as tok_lib  # noqa: E402
+from mlm_jax.interop import export as export_lib  # noqa: E402
+from mlm_jax.interop import hf  # noqa: E402
+from mlm_jax.model import bert as model_lib  # noqa: E402
+from mlm_jax.training import checkpoint  # noqa: E402
+from mlm_jax.training import loop as trainer  # noqa: E402
+from mlm_jax.training import step as step_lib  # noqa: E402
 from tests.conftest import micro_config  # noqa: E402
 
 # Texts whose ids must agree exactly between sentencepiece and the export.
@@ -302,7 +302,8 @@ def test_training_continues_from_an_exported_model(exported, corpus_glob, tmp_pa
 
 def test_hf_dir_without_a_sentencepiece_model_is_refused(exported, corpus_glob, tmp_path):
   import shutil
-  from mlm_jax import config_lib
+
+  from mlm_jax import configuration as config_lib
   _, out = exported
   bare = tmp_path / 'bare'
   shutil.copytree(out, bare)

@@ -14,15 +14,17 @@ from tests.test_bench import REPO
 # above glibc's mmap threshold, so by default it is mapped afresh every step).
 _FAULTS_PER_STEP = '''
 import resource, sys
-from mlm_jax import host_malloc
+from mlm_jax.runtime import host_malloc
 print(host_malloc.tune(sys.argv[1] == "on"))
 import jax
 from configs import tiny
-from mlm_jax import bench, sharding, trainer
+from mlm_jax.perf import bench
+from mlm_jax.runtime import sharding
+from mlm_jax.training import build as build_lib
 config = tiny.get_config()
 mesh = sharding.make_mesh()
 batches = [sharding.to_global(b, mesh) for b in bench.synthetic_batches(config, 2)]
-built = trainer.build(config, config.tokenizer.vocab_size, mesh)
+built = build_lib.build(config, config.tokenizer.vocab_size, mesh)
 state = built.init_state()
 for window in range(4):  # The first windows grow the heap to its steady size.
   before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -66,7 +68,7 @@ def test_tuned_train_step_reuses_its_buffers():
 ])
 def test_tune_acts_only_on_the_cpu_backend(platforms, expected):
   # Decided from JAX_PLATFORMS without starting a backend (none exists for tpu here).
-  code = ('from mlm_jax import host_malloc; import jax; print(host_malloc.tune()); '
+  code = ('from mlm_jax.runtime import host_malloc; import jax; print(host_malloc.tune()); '
           'print(host_malloc.tune(False)); print(jax._src.xla_bridge.backends_are_initialized())')
   first, again, started = _run(code, JAX_PLATFORMS=platforms)[:3]
   assert first == again == expected  # Once per process.

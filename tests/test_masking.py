@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mlm_jax import masking
-from mlm_jax import tokenizer as tok
+from mlm_jax.data import masking
+from mlm_jax.data import tokenizer as tok
 
 V, T, P = 2000, 128, 20
 

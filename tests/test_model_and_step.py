@@ -7,9 +7,9 @@ import optax
 import pytest
 from ml_collections import ConfigDict
 
-from mlm_jax import model as model_lib
-from mlm_jax import sharding
-from mlm_jax import train_step as step_lib
+from mlm_jax.model import bert as model_lib
+from mlm_jax.runtime import sharding
+from mlm_jax.training import step as step_lib
 
 B, T, P, V = 16, 32, 6, 300
 

@@ -10,11 +10,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from mlm_jax import checkpoint
-from mlm_jax import hf
-from mlm_jax import model as model_lib
-from mlm_jax import train_step as step_lib
-from mlm_jax import trainer
+from mlm_jax.interop import hf
+from mlm_jax.model import bert as model_lib
+from mlm_jax.training import checkpoint
+from mlm_jax.training import loop as trainer
+from mlm_jax.training import step as step_lib
 
 B, T, P = 4, 16, 3
 

@@ -11,7 +11,8 @@ import time
 
 import numpy as np
 
-from tests.conftest import REPO, write_config_file
+from tests.conftest import REPO
+from tests.conftest import write_config_file
 
 NUM_STEPS = 4
 

@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from mlm_jax import input_pipeline
-from mlm_jax import masking
-from mlm_jax import tokenizer as tok
+from mlm_jax.data import masking
+from mlm_jax.data import pipeline as input_pipeline
+from mlm_jax.data import tokenizer as tok
 from tests.conftest import REPO
 from tests.conftest import write_config_file
 

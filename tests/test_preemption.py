@@ -10,8 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from mlm_jax import checkpoint
-from tests.conftest import REPO, write_config_file
+from mlm_jax.training import checkpoint
+from tests.conftest import REPO
+from tests.conftest import write_config_file
 
 NUM_STEPS = 12
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mlm_jax import targets
+from mlm_jax.perf import targets
 from tests.conftest import REPO
 
 
@@ -162,7 +162,7 @@ def test_oversized_batch_is_refused_with_suggestions_that_fit(tmp_path):
 
 
 def test_the_tpu_compilers_refusal_is_read_as_memory():
-  from mlm_jax import preflight
+  from mlm_jax.perf import preflight
   message = ('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO '
              'temporaries (132.62G) exceeds available HBM (15.75G).')
   assert preflight._refused_temporaries(message) == int(132.62 * 2**30)
@@ -172,7 +172,7 @@ def test_the_tpu_compilers_refusal_is_read_as_memory():
 def test_fsdp_splits_the_state_over_the_devices():
   _require_compilers('v4-32')
   from configs import tiny
-  from mlm_jax import preflight
+  from mlm_jax.perf import preflight
   config = tiny.get_config()
   check = preflight.Preflight(config, targets.parse('v4-32'))
   replicated = check.compile({'mesh.fsdp': 1, 'train.batch_size': 8192})
@@ -191,14 +191,17 @@ def test_fsdp_splits_the_state_over_the_devices():
 
 def test_bf16_train_step_runs_on_cpu(prepared):
   """The accelerator dtype path, run here: bf16 compute, float32 state, loss going down."""
-  from mlm_jax import input_pipeline, masking, sharding, trainer
+  from mlm_jax.data import masking
+  from mlm_jax.data import pipeline as input_pipeline
+  from mlm_jax.runtime import sharding
+  from mlm_jax.training import build as build_lib
   config, data = prepared
   config = config.copy_and_resolve_references()
   config.model.dtype = 'bfloat16'
   config.model.dropout_rate = 0.0
   config.train.learning_rate = 3e-3
   mesh = sharding.make_mesh(1, jax.devices()[:1])
-  built = trainer.build(config, data.tokenizer.vocab_size, mesh)
+  built = build_lib.build(config, data.tokenizer.vocab_size, mesh)
   assert built.model_cfg.dtype == jnp.bfloat16
   state = built.init_state()
   assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(state.params))
@@ -220,7 +223,7 @@ def test_bf16_train_step_runs_on_cpu(prepared):
 @pytest.mark.parametrize('dtype, tol', [(jnp.float32, 2e-5), (jnp.bfloat16, 3e-2)])
 def test_attention_with_padding_matches_the_reference(t, dtype, tol):
   """Our XLA attention against softmax(q·kᵀ/√H + mask)·v in float64, rows padded at the end."""
-  from mlm_jax import model as model_lib
+  from mlm_jax.model import bert as model_lib
   rng = np.random.default_rng(t)
   b, n, h = 3, 4, 32
   qkv = [jnp.asarray(rng.normal(size=(b, t, n, h)), dtype) for _ in range(3)]

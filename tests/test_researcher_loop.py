@@ -14,13 +14,13 @@ import jax
 import numpy as np
 import pytest
 
-from mlm_jax import flops
-from mlm_jax import layer_report
-from mlm_jax import metrics
-from mlm_jax import model as model_lib
-from mlm_jax import plot
-from mlm_jax import run_summary
-from mlm_jax import trainer
+from mlm_jax.analysis import layer_report
+from mlm_jax.analysis import plot
+from mlm_jax.model import bert as model_lib
+from mlm_jax.perf import flops
+from mlm_jax.training import loop as trainer
+from mlm_jax.training import metrics
+from mlm_jax.training import summary as run_summary
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'

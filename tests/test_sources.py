@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from mlm_jax import config_lib
-from mlm_jax import corpus
-from mlm_jax import prepare
-from mlm_jax import tokenizer as tok
-from tests.conftest import REPO, micro_config
+from mlm_jax import configuration as config_lib
+from mlm_jax.data import corpus
+from mlm_jax.data import prepare
+from mlm_jax.data import tokenizer as tok
+from tests.conftest import REPO
+from tests.conftest import micro_config
 
 # Real prose, one paragraph each (a blank line would split a document of a .txt file).
 DOCS = [re.sub(r'\n\s*\n', '\n', d) for d, _ in zip(corpus.stdlib_docstrings(), range(400))]
@@ -181,7 +182,7 @@ def test_tokenizer_trains_on_a_bounded_sample_of_lines(tmp_path):
 def _prepare_in_subprocess(config_code: str, patch: str = '') -> subprocess.CompletedProcess:
   code = (f'import sys; sys.path.insert(0, {str(REPO)!r})\n'
           'import os, signal\n'
-          'from mlm_jax import corpus, prepare, tokenizer\n'
+          'from mlm_jax.data import corpus, prepare, tokenizer\n'
           'from tests.conftest import micro_config\n'
           'corpus.UNIT_BYTES = 1  # One unit per file.\n'
           'prepare.SHARD_BYTES = 4 * 32 * 40  # 40 rows per shard.\n'

@@ -13,10 +13,11 @@ import jax
 import numpy as np
 import pytest
 
-from mlm_jax import checkpoint
-from mlm_jax import train_step as step_lib
-from mlm_jax import trainer
-from tests.conftest import micro_config, write_config_file
+from mlm_jax.training import checkpoint
+from mlm_jax.training import loop as trainer
+from mlm_jax.training import step as step_lib
+from tests.conftest import micro_config
+from tests.conftest import write_config_file
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -117,7 +118,7 @@ def test_signal_saves_a_checkpoint_and_rerun_continues_the_schedule(prepared, tm
   out = subprocess.run(_train_cmd(config_file, workdir), cwd=REPO, capture_output=True,
                        text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert f'Resumed from' in out.stderr and f'at step {stopped_at}' in out.stderr
+  assert 'Resumed from' in out.stderr and f'at step {stopped_at}' in out.stderr
   after = [r for r in _records(workdir)[before:] if 'loss' in r]
   assert after[0]['step'] == stopped_at + 1 and after[-1]['step'] == num_steps
   cfg = micro_config(config.data.corpus, data.data_dir)

@@ -7,7 +7,7 @@ FLOPs count only the matrix multiplies a BERT step needs (forward + backward =
 
 from __future__ import annotations
 
-from mlm_jax import hardware
+from mlm_jax.perf import hardware
 
 
 def flops_per_token(*, num_layers: int, hidden_size: int, intermediate_size: int,

@@ -11,9 +11,10 @@ import os
 from typing import Any
 
 import jax
+import ml_collections
 import orbax.checkpoint as ocp
 
-from mlm_jax import model as model_lib
+from mlm_jax.model import bert as model_lib
 
 
 class CheckpointMismatchError(ValueError):
@@ -21,28 +22,32 @@ class CheckpointMismatchError(ValueError):
 
 
 class Checkpointer:
-  """Saves every `every` steps (and when forced), keeping the last `keep`."""
+  """Saves every `train.checkpoint_every` steps (and when forced), keeping the last
+  `train.keep_checkpoints`: Orbax's own interval and rotation."""
 
-  def __init__(self, directory: str, *, every: int, keep: int):
+  def __init__(self, directory: str, train: ml_collections.ConfigDict):
     self.directory = os.path.abspath(directory)
-    self._every = every
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, enable_async_checkpointing=True, create=True))
+            # Only the interval: Orbax's default also saves a run's first step.
+            # The loop forces the saves at the end and on a stop signal.
+            save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(
+                train.checkpoint_every),
+            max_to_keep=train.keep_checkpoints, enable_async_checkpointing=True, create=True))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def is_due(self, step: int) -> bool:
-    return step % self._every == 0
+  def should_save(self, step: int) -> bool:
+    return self._manager.should_save(step)
 
   def save(self, step: int, state: Any, meta: dict, *, force: bool = False) -> bool:
     """Starts an asynchronous save if `step` is due (or forced); returns whether it did."""
-    if not (force or self.is_due(step)) or step in self._manager.all_steps():
+    if step in self._manager.all_steps():
       return False
     return self._manager.save(
-        step, force=True,
+        step, force=force,
         args=ocp.args.Composite(state=ocp.args.StandardSave(_tree(state)),
                                 meta=ocp.args.JsonSave(meta)))
 

@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlm_jax import model as model_lib
-from mlm_jax import tokenizer as tok_lib
+from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.model import bert as model_lib
 
 Params = dict[str, Any]
 INSTALL_HINT = "pip install -e '.[interop]'"

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from absl import logging
+from flax import traverse_util
 
 # Scalars that tell how a run did, declared to TensorBoard's hparams dashboard.
 _HPARAM_METRICS = ('eval/mlm_accuracy', 'eval/loss', 'train/loss')
@@ -34,17 +35,6 @@ def tensorboard_tag(key: str) -> str:
   return 'train/' + key
 
 
-def flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
-  """{'a': {'b': 1}} -> {'a.b': 1}."""
-  flat = {}
-  for k, v in tree.items():
-    if isinstance(v, Mapping):
-      flat.update(flatten(v, f'{prefix}{k}.'))
-    else:
-      flat[f'{prefix}{k}'] = v
-  return flat
-
-
 def _is_number(v: Any) -> bool:
   return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -53,8 +43,8 @@ class MetricsWriter:
   """Appends records to metrics.jsonl and, if asked, to TensorBoard; logs them.
 
   Only the process that is `enabled` (process 0) writes. `hparams` (e.g. the
-  flattened config) are recorded in TensorBoard once, by the first writer of
-  WORKDIR/tb. `start_step`: the step a resumed run continues from; TensorBoard
+  resolved config, nested) are recorded in TensorBoard once, flattened to
+  'section.field' names, by the first writer of WORKDIR/tb. `start_step`: the step a resumed run continues from; TensorBoard
   hides what an earlier attempt logged after it.
   """
 
@@ -64,7 +54,8 @@ class MetricsWriter:
     self._enabled = enabled
     self._tb = None
     if enabled and tensorboard:
-      self._tb = _TensorBoard(os.path.join(workdir, 'tb'), hparams or {}, start_step)
+      flat = traverse_util.flatten_dict(dict(hparams or {}), sep='.')
+      self._tb = _TensorBoard(os.path.join(workdir, 'tb'), flat, start_step)
 
   def write(self, step: int, record: Mapping[str, Any]) -> None:
     if not self._enabled:

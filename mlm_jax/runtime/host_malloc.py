@@ -34,7 +34,7 @@ import platform
 
 from absl import flags
 
-from mlm_jax import backend
+from mlm_jax.runtime import backend
 
 _TUNE = flags.DEFINE_bool(
     'tune_host_malloc', True,

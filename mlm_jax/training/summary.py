@@ -13,7 +13,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+import ml_collections
 import numpy as np
+
+from mlm_jax.model import bert as model_lib
+from mlm_jax.perf import flops as flops_lib
+from mlm_jax.training import metrics as metrics_lib
 
 
 @dataclasses.dataclass
@@ -97,6 +103,38 @@ def build(*, step: int, start_step: int, wall_time_s: float, counters: Counters,
       'peak_flops_per_device': peak_flops_per_device,
       'mfu': mfu,
   }
+
+
+def for_run(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig, workdir: str,
+            *, step: int, start_step: int, wall_time_s: float, counters: Counters,
+            earlier_tokens: int | None, is_main: bool) -> dict[str, Any]:
+  """summary.json's content for a run; losses and accuracies from metrics.jsonl (process 0)."""
+  flops_per_token = flops_lib.flops_per_token(
+      num_layers=model_cfg.num_layers, hidden_size=model_cfg.hidden_size,
+      intermediate_size=model_cfg.intermediate_size, seq_len=config.data.seq_len,
+      vocab_size=model_cfg.padded_vocab_size, max_predictions=config.masking.max_predictions)
+  device_kind = jax.devices()[0].device_kind
+  peak = flops_lib.peak_flops_per_device(device_kind, config.profile.peak_tflops)
+  return build(
+      step=step, start_step=start_step, wall_time_s=wall_time_s, counters=counters,
+      earlier_tokens=earlier_tokens,
+      series=metrics_lib.read_metrics(workdir) if is_main else {},
+      flops_per_token=flops_per_token, peak_flops_per_device=peak,
+      num_devices=jax.device_count(), device_kind=device_kind,
+      mfu=flops_lib.mfu(counters.tokens_per_sec, flops_per_token, peak, jax.device_count()))
+
+
+def eval_line(step: int, result: dict[str, Any]) -> str:
+  """The line a run ends with: held-out accuracy next to the most frequent token's."""
+  ratio = result['mlm_accuracy'] / max(result['baseline_accuracy'], 1e-9)
+  return (f'step {step}: eval MLM accuracy {result["mlm_accuracy"]:.4f}, '
+          f'eval loss {result["loss"]:.4f}; always predicting the most frequent token '
+          f'{result["baseline_token"]!r} scores {result["baseline_accuracy"]:.4f} '
+          f'({ratio:.1f}x)')
+
+
+def dumps(summary: dict[str, Any]) -> str:
+  return json.dumps(summary, indent=2)
 
 
 def write(workdir: str, summary: dict[str, Any]) -> str:

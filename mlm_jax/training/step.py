@@ -8,7 +8,8 @@ never a mean of per-device means.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from typing import Callable
 
 import flax
 import jax
@@ -17,7 +18,7 @@ import ml_collections
 import optax
 from flax.training import train_state
 
-from mlm_jax import sharding
+from mlm_jax.runtime import sharding
 
 Array = jax.Array
 Batch = dict[str, Array]

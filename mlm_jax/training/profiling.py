@@ -26,17 +26,19 @@ import os
 from typing import Any
 
 import jax
+import ml_collections
 from absl import logging
 
 
 class StepProfiler:
   """Starts the trace before step `start`, stops it after step `start + num - 1`."""
 
-  def __init__(self, workdir: str, start_step: int, num_steps: int, *, resumed_at: int = 0,
-               trace_python: bool = False):
+  def __init__(self, workdir: str, profile: ml_collections.ConfigDict, *, resumed_at: int = 0):
+    """`profile`: config.profile (start_step, num_steps, trace_python)."""
+    start_step, num_steps = profile.start_step, profile.num_steps
     self.directory = os.path.join(workdir, 'profile')
     self._options = jax.profiler.ProfileOptions()
-    self._options.python_tracer_level = 1 if trace_python else 0
+    self._options.python_tracer_level = 1 if profile.trace_python else 0
     self._first = start_step
     self._last = start_step + num_steps - 1
     self._enabled = num_steps > 0

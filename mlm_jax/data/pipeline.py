@@ -30,7 +30,8 @@ row index), like the masks.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Any
 
 import grain
@@ -39,8 +40,8 @@ import numpy as np
 from absl import flags
 from tensorflow_datasets.proto import tf_example_pb2
 
-from mlm_jax import masking
-from mlm_jax import tokenizer as tok_lib
+from mlm_jax.data import masking
+from mlm_jax.data import tokenizer as tok_lib
 
 SENTENCE_PAIR_TASKS = ('none', 'nsp', 'sop')
 # Hash streams of the sentence-pair draws (masking uses streams below 100).

@@ -43,7 +43,9 @@ import os
 import shutil
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
 
 import ml_collections
 import numpy as np
@@ -51,8 +53,8 @@ import tensorflow_datasets as tfds
 import tqdm
 from tensorflow_datasets.core import file_adapters
 
-from mlm_jax import corpus as corpus_lib
-from mlm_jax import tokenizer as tok_lib
+from mlm_jax.data import corpus as corpus_lib
+from mlm_jax.data import tokenizer as tok_lib
 
 FORMAT_VERSION = 1
 # Texts per sentencepiece encode call.

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from mlm_jax import corpus as corpus_lib
+from mlm_jax.data import corpus as corpus_lib
 
 
 class ConfigError(ValueError):
@@ -158,6 +158,20 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
     corpus_lib.check(config.data)
   except corpus_lib.CorpusError as e:
     raise ConfigError(str(e)) from None
+
+
+def resolve(config: ml_collections.ConfigDict, num_devices: int) -> ml_collections.ConfigDict:
+  """The config a run uses: checked (ConfigError), with implied settings filled in.
+
+  A run started from config.init.hf_dir tokenizes with that model's vocabulary.
+  """
+  validate(config, num_devices=num_devices)
+  if not config.init.hf_dir or config.tokenizer.model_file:
+    return config
+  config = config.copy_and_resolve_references()
+  config.tokenizer.model_file = os.path.join(os.path.expanduser(config.init.hf_dir),
+                                             'tokenizer.model')
+  return config
 
 
 def concurrent_chains(train: ml_collections.ConfigDict, num_devices: int,

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mlm_jax import tokenizer as tok_lib
+from mlm_jax.data import tokenizer as tok_lib
 
 MODES = ('token', 'whole_word', 'span')
 # Independent streams of the hash: one per random decision. Other modules

@@ -14,14 +14,16 @@ now recommends (`jax.pmap` has been in maintenance mode since JAX 0.8).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
 
 DATA_AXIS, FSDP_AXIS = 'data', 'fsdp'
 # Logical parameter axis -> mesh axis; names not listed are replicated.
@@ -64,6 +66,13 @@ def state_shardings(boxed_tree: Any, mesh: Mesh) -> Any:
   after `nn.unbox`.
   """
   return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed_tree), mesh, LOGICAL_RULES)
+
+
+def state_bytes(state: Any) -> dict[str, int]:
+  """Bytes of a whole (sharded) train state, and of the part the first local device holds."""
+  leaves = jax.tree_util.tree_leaves(state)
+  return {'total': sum(x.nbytes for x in leaves),
+          'per_device': sum(x.addressable_shards[0].data.nbytes for x in leaves)}
 
 
 def local_batch_size(global_batch: int, mesh: Mesh) -> int:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from collections.abc import Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -67,6 +68,10 @@ class Tokenizer:
 
   def decode(self, ids: Iterable[int]) -> str:
     return self._sp.decode([int(i) for i in ids])
+
+  def pieces(self) -> list[str]:
+    """Every piece, by id."""
+    return [self.id_to_piece(i) for i in range(self.vocab_size)]
 
   def id_to_piece(self, i: int) -> str:
     return self._sp.id_to_piece(int(i))

@@ -1,0 +1,1 @@
+"""Looking at a trained run: fill-mask predictions, what each layer knows, training curves."""

@@ -1,0 +1,64 @@
+"""What a trained run predicts for [MASK] in sentences (python -m mlm_jax.fill_mask).
+
+Each sentence is encoded as [CLS] ids [SEP] with the run's tokenizer, where
+the literal text "[MASK]" is the [MASK] token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.model import bert as model_lib
+from mlm_jax.training import workdir as workdir_lib
+
+Prediction = list[tuple[str, float]]  # (piece, probability), most probable first
+
+
+def predict(run: workdir_lib.TrainedRun, texts: Sequence[str],
+            top_k: int = 5) -> list[list[Prediction]]:
+  """result[i][j]: the top_k (piece, probability) for the j-th [MASK] of texts[i].
+
+  A text without [MASK] gets an empty list. Probabilities are a softmax over
+  the real vocabulary (padding rows are never predicted).
+  """
+  cfg = run.model_cfg
+  rows = [[tok_lib.CLS_ID, *ids, tok_lib.SEP_ID] for ids in run.tokenizer.encode(texts)]
+  longest = max(map(len, rows))
+  if longest > cfg.max_position_embeddings:
+    raise ValueError(f'a text is {longest} tokens long with [CLS] and [SEP]; the model takes '
+                     f'at most {cfg.max_position_embeddings}.')
+  masks = [[t for t, i in enumerate(row) if i == tok_lib.MASK_ID] for row in rows]
+  b, p = len(rows), max(1, max(map(len, masks)))
+  input_ids = np.full((b, longest), tok_lib.PAD_ID, np.int32)          # [B, T]
+  positions = np.zeros((b, p), np.int32)                                # [B, P]
+  for i, (row, where) in enumerate(zip(rows, masks)):
+    input_ids[i, :len(row)] = row
+    positions[i, :len(where)] = where
+  batch = {'input_ids': input_ids, 'attention_mask': (input_ids != tok_lib.PAD_ID).astype(np.int32),
+           'segment_ids': np.zeros_like(input_ids), 'masked_positions': positions}
+  logits = model_lib.BertForMLM(cfg).apply({'params': run.params}, batch, deterministic=True)
+  probs = np.asarray(jax.nn.softmax(logits[..., :cfg.vocab_size], axis=-1))  # [B, P, V]
+  out = []
+  for i, where in enumerate(masks):
+    per_mask = []
+    for j in range(len(where)):
+      best = np.argsort(-probs[i, j], kind='stable')[:top_k]
+      per_mask.append([(run.tokenizer.id_to_piece(k), float(probs[i, j, k])) for k in best])
+    out.append(per_mask)
+  return out
+
+
+def format_predictions(texts: Sequence[str], results: list[list[Prediction]]) -> str:
+  lines = []
+  for text, per_mask in zip(texts, results):
+    lines.append(text)
+    if not per_mask:
+      lines.append('  (no [MASK] in this text)')
+    for j, candidates in enumerate(per_mask):
+      shown = '  '.join(f'{piece!r} {prob:.3f}' for piece, prob in candidates)
+      lines.append(f'  [MASK] {j + 1}: {shown}')
+  return '\n'.join(lines)

@@ -1,0 +1,1 @@
+"""Text to masked batches: corpus -> tokenizer -> prepare (packed rows on disk) -> pipeline (grain) -> masking. Numpy only; nothing here imports the model."""

@@ -1,0 +1,1 @@
+"""Hugging Face transformers: weight layout, export, import."""

@@ -1,0 +1,510 @@
+"""The pre-flight (python -m mlm_jax.preflight): will a run fit its accelerators?
+
+Compiles the run's train and eval steps for an accelerator target on this
+machine, without the accelerator, and says whether they fit:
+
+  python -m mlm_jax.preflight --config=configs/base.py --target=h100x8 \\
+      [--config.train.batch_size=512 ...] [--json_out=preflight.json]
+
+Targets are Cloud TPU slices (`v4-32`, `v5litepod-16`, `v5p-128`, `v6e-8`) and
+NVIDIA GPUs (`h100`, `h100x8`, `h100x8x4` for 4 nodes of 8, `a100x8`); see
+mlm_jax/perf/targets.py. The steps are the trainer's own (`training.build`: model,
+optimizer, mesh, sharding rules, donated train step, eval step), built for
+the target's devices with `auto` choices (dtype, attention kernel) made for
+the target; the state comes from jax.eval_shape and every argument is a
+jax.ShapeDtypeStruct with its sharding, so nothing is allocated here.
+
+It reports, per device: parameters + optimizer state, batch, temporaries,
+program and total memory against the device's memory, which must keep at
+least 10% free; FLOPs per step from the compiler next to flops.py's count;
+on TPU the compiler's own per-operation cycle estimates as a step time,
+tokens/s and MFU (always labelled an estimate); on GPU whether attention
+compiled to cuDNN's fused kernel. When the step does not fit it compiles the
+changes that would make it fit (the largest per-device batch, fsdp, gradient
+accumulation) and prints those that do. Exit status: 0 fits, 1 does not fit
+(or asked for cuDNN attention and did not get it), 2 bad input.
+
+Needs `pip install -e '.[aot]'` (libtpu and XLA's CUDA compiler).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from typing import Any
+from typing import Callable
+
+from mlm_jax.perf import targets
+
+HEADROOM = 0.10     # A step fits when it leaves at least this share of device memory free.
+_REFERENCE_MATMUL = 4096  # Side of the bf16 matmul that calibrates the TPU cycle estimates.
+
+
+class PreflightError(ValueError):
+  """Bad input for a pre-flight: the message names the field and the fix."""
+
+
+@dataclasses.dataclass
+class StepFigures:
+  """One compiled step on the target: its shapes, memory and costs (per device)."""
+
+  step: str                   # 'train' | 'eval'
+  global_batch: int
+  per_device_batch: int
+  grad_accum_steps: int
+  fsdp: int
+  memory: dict[str, int]      # state, batch, arguments, outputs, aliased, temporaries, program, total
+  usable_memory: int
+  compile_s: float
+  flops: float | None         # Compiled FLOPs per device per step.
+  flops_source: str
+  hlo: dict[str, Any]         # hlo_cost.summary() of the compiled program.
+  xla_cost: dict[str, float]  # XLA's cost analysis (TPU): flops, bytes accessed, optimal_seconds.
+  # The compiler's refusal when the program cannot fit (the TPU compiler checks).
+  compile_error: str = ''
+
+  @property
+  def total(self) -> int:
+    return self.memory['total']
+
+  @property
+  def fits(self) -> bool:
+    return self.total <= (1.0 - HEADROOM) * self.usable_memory
+
+  def overrides(self) -> dict[str, Any]:
+    """The config fields that give this step."""
+    if self.step == 'eval':
+      return {'eval.batch_size': self.global_batch}
+    return {'train.batch_size': self.global_batch,
+            'train.grad_accum_steps': self.grad_accum_steps, 'mesh.fsdp': self.fsdp}
+
+  def as_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self) | {'fits': self.fits,
+                                       'used_fraction': self.total / self.usable_memory}
+
+
+class Preflight:
+  """Compiles a config's steps for one target; everything it learns is in `report()`."""
+
+  def __init__(self, config, target: targets.Target,
+               log: Callable[[str], None] = lambda s: None):
+    from mlm_jax import configuration as config_lib  # pylint: disable=import-outside-toplevel
+    self.target = target
+    self.log = log
+    try:
+      config_lib.validate(config, num_devices=target.num_devices, check_paths=False)
+    except config_lib.ConfigError as e:
+      raise PreflightError(f'{e} (target {target.name}: {target.num_devices} devices)') from None
+    self.config = config
+    self.devices = targets.compile_devices(target)
+    self.usable_memory, self.memory_note = target.usable_memory()
+    self._seconds_per_cycle: float | None = None
+
+  # ------------------------------------------------------------ compiling
+
+  def compile(self, overrides: dict[str, Any] | None = None, step: str = 'train') -> StepFigures:
+    """Lowers and compiles one step of the config (with `overrides`) for the target."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from mlm_jax.perf import hlo_cost  # pylint: disable=import-outside-toplevel
+    from mlm_jax.runtime import sharding  # pylint: disable=import-outside-toplevel
+    from mlm_jax.training import build as build_lib  # pylint: disable=import-outside-toplevel
+    from mlm_jax.training import step as step_lib  # pylint: disable=import-outside-toplevel
+    config = _with_overrides(self.config, overrides or {})
+    mesh = sharding.make_mesh(config.mesh.fsdp, self.devices)
+    with targets.tracing_for(self.target):
+      built = build_lib.build(config, config.tokenizer.vocab_size, mesh)
+    self.built = built
+    batch_size = config.train.batch_size if step == 'train' else config.eval.batch_size
+    batch_sh = sharding.batch_sharding(mesh)
+    batch = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sh)
+             for k, x in step_lib.batch_spec(
+                 batch_size, config.data.seq_len, config.masking.max_predictions,
+                 config.sentence_pair.task != 'none').items()}
+    rng = jax.ShapeDtypeStruct(built.dropout_rng.shape, built.dropout_rng.dtype,
+                               sharding=sharding.replicated(mesh))
+    start = time.perf_counter()
+    with targets.tracing_for(self.target):
+      if step == 'train':
+        lowered = built.train_step.lower(built.abstract_state, batch, rng)
+      else:
+        lowered = built.eval_step.lower(built.abstract_state, batch)
+    n = self.target.num_devices
+    figures = StepFigures(
+        step=step, global_batch=batch_size, per_device_batch=batch_size // n,
+        grad_accum_steps=config.train.grad_accum_steps, fsdp=config.mesh.fsdp, memory={},
+        usable_memory=self.usable_memory, compile_s=0.0, flops=None, flops_source='', hlo={},
+        xla_cost={})
+    try:
+      compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+      # The TPU compiler refuses a program that cannot fit, saying how much it needs.
+      temporaries = _refused_temporaries(str(e))
+      if temporaries is None:
+        raise
+      figures.memory = _memory(None, built.abstract_state, batch, temporaries)
+      figures.compile_error = str(e).splitlines()[0][:300]
+    else:
+      text = compiled.as_text()
+      figures.hlo = hlo_cost.summary(text)
+      figures.xla_cost = _xla_cost(compiled)
+      if 'flops' in figures.xla_cost:
+        figures.flops, figures.flops_source = figures.xla_cost['flops'], "XLA's cost analysis"
+      else:
+        figures.flops = figures.hlo['matmul_flops']
+        figures.flops_source = 'matrix multiplies counted in the compiled HLO'
+      figures.memory = _memory(compiled, built.abstract_state, batch)
+    figures.compile_s = time.perf_counter() - start
+    self.log(f'  {step} step, global batch {batch_size} ({batch_size // n} per device'
+             + (f', {figures.grad_accum_steps} micro-batches' if figures.grad_accum_steps > 1 else '')
+             + (f', fsdp={figures.fsdp}' if figures.fsdp > 1 else '')
+             + f'): {_gib(figures.total)} per device, '
+             + ('fits' if figures.fits else 'does not fit')
+             + (' (refused by the compiler)' if figures.compile_error else '')
+             + f' ({figures.compile_s:.0f} s)')
+    return figures
+
+  # ---------------------------------------------------------- suggestions
+
+  def largest_batch(self, first: StepFigures, step: str = 'train') -> StepFigures | None:
+    """The largest per-device batch that fits (same accumulation and fsdp), compiled.
+
+    Memory grows about linearly with the batch: a line through the compiled
+    figures (the first through the memory that does not grow: state and
+    program) predicts the largest batch under the limit, which is compiled;
+    each compile refines the line. None when not even the smallest fits.
+    """
+    n, limit = self.target.num_devices, (1.0 - HEADROOM) * self.usable_memory
+    unit = first.grad_accum_steps if step == 'train' else 1
+    field = 'train.batch_size' if step == 'train' else 'eval.batch_size'
+    points = [(0, first.memory['state'] + first.memory['program']),
+              (first.per_device_batch, first.total)]
+    best = first if first.fits else None
+    for _ in range(4):
+      (b0, t0), (b1, t1) = points[-2:]
+      per_row = max((t1 - t0) / (b1 - b0), 1.0) if b1 != b0 else max(t1 / b1, 1.0)
+      guess = int((limit - t1) / per_row + b1) // unit * unit
+      if guess < unit or any(guess == b for b, _ in points[1:]):
+        break
+      if best is not None and guess <= best.per_device_batch:
+        break
+      figures = self.compile(first.overrides() | {field: guess * n}, step)
+      points.append((guess, figures.total))
+      if figures.fits:
+        best = figures
+        if figures.total > 0.95 * limit:
+          break
+    return best
+
+  def suggestions(self, first: StepFigures) -> list[tuple[str, StepFigures]]:
+    """Compiled changes to a train step that does not fit; those that fit come first."""
+    out: list[tuple[str, StepFigures]] = []
+    n = self.target.num_devices
+    largest = self.largest_batch(first)
+    if largest is not None:
+      out.append((f'the largest batch that fits: {largest.per_device_batch} rows per device '
+                  f'(global {largest.global_batch})', largest))
+      micro = largest.per_device_batch // max(largest.grad_accum_steps, 1)
+      k = _accumulation_for(first.global_batch, n, micro)
+      if k is not None and k != first.grad_accum_steps:
+        accumulated = self.compile(first.overrides() | {'train.grad_accum_steps': k})
+        out.append((f'the same global batch {first.global_batch} in {k} micro-batches of '
+                    f'{first.global_batch // n // k} rows per device', accumulated))
+    fsdp = self._fsdp_choice(first)
+    if fsdp is not None:
+      sharded = self.compile(first.overrides() | {'mesh.fsdp': fsdp})
+      out.append((f'the parameters and optimizer state split over {fsdp} devices '
+                  f'(mesh.fsdp={fsdp})', sharded))
+    out.sort(key=lambda s: not s[1].fits)
+    return out
+
+  def _fsdp_choice(self, first: StepFigures) -> int | None:
+    """The fsdp size to try: the most devices that divide the width and the device count."""
+    d, n = self.config.model.hidden_size, self.target.num_devices
+    if first.fsdp > 1:
+      return None
+    # On GPUs keep the weight gathers inside a node (NVLink); TPU slices are one ICI domain.
+    group = self.target.devices_per_host if self.target.platform == 'gpu' else n
+    choices = [f for f in range(group, 1, -1) if n % f == 0 and d % f == 0 and group % f == 0]
+    return choices[0] if choices else None
+
+  # ------------------------------------------------------------- estimates
+
+  def seconds_per_cycle(self) -> float:
+    """Seconds per estimated cycle of the TPU compiler, on XLA's optimal_seconds scale.
+
+    The whole-step optimal_seconds is not usable (it comes out negative for
+    these programs: some fusions have no cost model and count -1), so the
+    per-fusion cycle estimates are summed instead and converted at the rate
+    XLA gives for a reference bf16 matmul on the same target.
+    """
+    if self._seconds_per_cycle is None:
+      import jax  # pylint: disable=import-outside-toplevel
+      import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+      from mlm_jax.perf import hlo_cost  # pylint: disable=import-outside-toplevel
+      mesh = jax.sharding.Mesh(self.devices[:1], ('x',))
+      x = jax.ShapeDtypeStruct((_REFERENCE_MATMUL,) * 2, jnp.bfloat16,
+                               sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+      compiled = jax.jit(jnp.matmul).lower(x, x).compile()
+      cycles = hlo_cost.summary(compiled.as_text())['estimated_cycles']
+      self._seconds_per_cycle = _xla_cost(compiled)['optimal_seconds'] / cycles
+    return self._seconds_per_cycle
+
+  def collective_seconds(self, figures: StepFigures) -> float:
+    """Time of the step's collectives if nothing overlapped them: bytes over link bandwidth.
+
+    A ring all-reduce sends and receives about twice its data, the other
+    collectives about once; GPUs of several nodes are limited by the network.
+    """
+    from mlm_jax.perf import hardware  # pylint: disable=import-outside-toplevel
+    t = self.target
+    bandwidth = (hardware.NODE_NETWORK_BANDWIDTH if t.platform == 'gpu' and t.num_hosts > 1
+                 else t.chip.link_bandwidth)
+    data = sum(v['bytes'] * (2 if kind == 'all-reduce' else 1)
+               for kind, v in figures.hlo.get('collectives', {}).items())
+    return data / bandwidth
+
+  def estimate(self, figures: StepFigures) -> dict[str, Any] | None:
+    """Compiler estimate of a TPU train step: seconds, tokens/s, MFU; None elsewhere.
+
+    Compute: the TPU compiler's per-operation cycle estimates, summed. Plus
+    the collectives at the link bandwidth, not overlapped with compute (an
+    upper bound for them).
+    """
+    cycles = figures.hlo.get('estimated_cycles')
+    if self.target.platform != 'tpu' or not cycles:
+      return None
+    compute = cycles * self.seconds_per_cycle()
+    collectives = self.collective_seconds(figures)
+    seconds = compute + collectives
+    tokens = figures.global_batch * self.config.data.seq_len
+    model_flops = self.model_flops_per_device(figures)
+    return {
+        'label': 'compiler estimate, not measured: the TPU compiler\'s per-operation cycle '
+                 'estimates summed, plus collectives at the data-sheet link bandwidth with no '
+                 'overlap',
+        'step_time_s': seconds, 'compute_s': compute, 'collectives_s': collectives,
+        'tokens_per_sec': tokens / seconds,
+        'mfu': model_flops / (seconds * self.target.chip.peak_flops),
+        'seconds_per_cycle': self.seconds_per_cycle(),
+        'compute_share_by_part': {k: v / cycles for k, v in figures.hlo['cycles_by_part'].items()},
+    }
+
+  def model_flops_per_device(self, figures: StepFigures) -> float:
+    """flops.py's training FLOPs of one step, per device."""
+    from mlm_jax.perf import flops as flops_lib  # pylint: disable=import-outside-toplevel
+    cfg, mdl = self.built.model_cfg, self.config.model
+    per_token = flops_lib.flops_per_token(
+        num_layers=mdl.num_layers, hidden_size=mdl.hidden_size,
+        intermediate_size=mdl.intermediate_size, seq_len=self.config.data.seq_len,
+        vocab_size=cfg.padded_vocab_size, max_predictions=self.config.masking.max_predictions)
+    tokens = figures.global_batch * self.config.data.seq_len / self.target.num_devices
+    forward_only = 1 / 3 if figures.step == 'eval' else 1.0
+    return per_token * tokens * forward_only
+
+  def explain_flops(self, figures: StepFigures) -> str:
+    """Why the compiled FLOPs differ from flops.py's count, when they differ by over 10%."""
+    model = self.model_flops_per_device(figures)
+    if not figures.flops or abs(figures.flops / model - 1) <= 0.10:
+      return ''
+    mdl = self.config.model
+    reasons = []
+    if mdl.remat != 'none':
+      reasons.append(f"model.remat='{mdl.remat}' recomputes block activations in the backward "
+                     'pass; flops.py counts each model FLOP once')
+    if mdl.drop_token_rate > 0:
+      reasons.append(f'DropToken removes {mdl.drop_token_rate:.0%} of the unmasked tokens from '
+                     "the encoder's input")
+    if figures.flops_source.startswith('XLA'):
+      reasons.append("XLA's count includes elementwise and reduction FLOPs (softmax, GELU, "
+                     'LayerNorm, the optimizer update) that flops.py leaves out')
+    else:
+      reasons.append('the HLO count covers matrix multiplies only')
+    return '; '.join(reasons)
+
+  # ---------------------------------------------------------------- report
+
+  def _changed(self, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The overrides that differ from the config's own values."""
+    return {k: v for k, v in overrides.items()
+            if self.config[k.split('.')[0]][k.split('.')[1]] != v}
+
+  def run(self) -> dict[str, Any]:
+    """Compiles the train and eval steps (and, if needed, what would fit); all figures."""
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    t = self.target
+    self.log(f'Compiling for {t.name}: {t.num_devices} x {self.devices[0].device_kind} '
+             f'({t.num_hosts} host{"s" if t.num_hosts > 1 else ""} x {t.devices_per_host})')
+    train = self.compile(step='train')
+    evaluation = self.compile(step='eval')
+    report: dict[str, Any] = {
+        'target': dataclasses.asdict(t) | {'num_hosts': t.num_hosts,
+                                           'device_kind': self.devices[0].device_kind},
+        'usable_memory': self.usable_memory, 'usable_memory_note': self.memory_note,
+        'headroom_required': HEADROOM,
+        'model': {'dtype': jnp.dtype(self.built.model_cfg.dtype).name,
+                  'attention': self.built.model_cfg.attention,
+                  'num_layers': self.config.model.num_layers,
+                  'hidden_size': self.config.model.hidden_size,
+                  'seq_len': self.config.data.seq_len,
+                  'padded_vocab_size': self.built.model_cfg.padded_vocab_size},
+        'train': train.as_dict(), 'eval': evaluation.as_dict(),
+        'model_flops_per_device': self.model_flops_per_device(train),
+        'flops_difference_explained': self.explain_flops(train),
+        'estimate': self.estimate(train),
+    }
+    problems = []
+    if self.built.model_cfg.attention == 'cudnn':
+      expected = 2 * self.config.model.num_layers
+      calls = train.hlo.get('cudnn_attention_calls', 0)
+      report['cudnn_attention'] = {'calls': calls, 'expected': expected}
+      if calls < expected:
+        problems.append(f'asked for cuDNN attention, but the train step has {calls} fused '
+                        f'attention calls where {expected} were expected')
+    if not train.fits:
+      problems.append('the train step does not fit')
+      report['suggestions'] = [{'change': what, 'overrides': self._changed(s.overrides()),
+                                'fits': s.fits, 'figures': s.as_dict()}
+                               for what, s in self.suggestions(train)]
+    if not evaluation.fits:
+      problems.append('the eval step does not fit')
+      largest = self.largest_batch(evaluation, step='eval')
+      report.setdefault('suggestions', []).extend(
+          [{'change': f'an eval batch that fits: {largest.per_device_batch} rows per device',
+            'overrides': self._changed(largest.overrides()), 'fits': True,
+            'figures': largest.as_dict()}]
+          if largest else [])
+    report['problems'] = problems
+    report['ok'] = not problems
+    return report
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _with_overrides(config, overrides: dict[str, Any]):
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    for dotted, value in overrides.items():
+      section, field = dotted.split('.')
+      config[section][field] = value
+  return config
+
+
+def _accumulation_for(global_batch: int, num_devices: int, micro_rows: int) -> int | None:
+  """Fewest micro-batches k with at most `micro_rows` rows per device each (k must divide)."""
+  rows = global_batch // num_devices
+  for k in range(1, rows + 1):
+    if rows % k == 0 and rows // k <= micro_rows:
+      return k
+  return None
+
+
+def _shard_bytes(x) -> int:
+  shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+  return math.prod(shape) * x.dtype.itemsize
+
+
+def _refused_temporaries(message: str) -> int | None:
+  """Bytes of temporaries in the TPU compiler's out-of-memory refusal, if it is one."""
+  m = re.search(r'RESOURCE_EXHAUSTED.*?temporaries \(([\d.]+)([KMGT])\)', message, re.S)
+  if not m:
+    return None
+  return int(float(m.group(1)) * 1024 ** ('KMGT'.index(m.group(2)) + 1))
+
+
+def _memory(compiled, abstract_state, batch, refused_temporaries: int = 0) -> dict[str, int]:
+  """Per-device memory of a compiled step (or of one the compiler refused)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  state = sum(_shard_bytes(x) for x in jax.tree_util.tree_leaves(abstract_state))
+  batch_bytes = sum(_shard_bytes(x) for x in batch.values())
+  if compiled is None:
+    memory = {'state': state, 'batch': batch_bytes, 'arguments': state + batch_bytes,
+              'outputs': state, 'aliased': state, 'temporaries': refused_temporaries,
+              'program': 0}
+  else:
+    m = compiled.memory_analysis()
+    memory = {
+        'state': state, 'batch': batch_bytes,
+        'arguments': m.argument_size_in_bytes, 'outputs': m.output_size_in_bytes,
+        'aliased': m.alias_size_in_bytes, 'temporaries': m.temp_size_in_bytes,
+        'program': m.generated_code_size_in_bytes,
+    }
+  # The whole state stays on the device (the eval step reads the parameters
+  # only); donated arguments that become outputs are counted once.
+  memory['total'] = (max(memory['arguments'], memory['state'] + memory['batch'])
+                     + memory['outputs'] - memory['aliased'] + memory['temporaries']
+                     + memory['program'])
+  return memory
+
+
+def _xla_cost(compiled) -> dict[str, float]:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, list):
+    cost = cost[0] if cost else None
+  if not cost:
+    return {}
+  return {k: float(cost[k]) for k in ('flops', 'bytes accessed', 'optimal_seconds') if k in cost}
+
+
+def _gib(x: float) -> str:
+  return f'{x / 2**30:.2f} GiB'
+
+
+def format_report(report: dict[str, Any]) -> str:
+  """The short table the command prints."""
+  t, m, train, ev = report['target'], report['model'], report['train'], report['eval']
+  lines = [
+      f"{t['name']}: {t['num_devices']} x {t['device_kind']} ({t['num_hosts']} host(s) x "
+      f"{t['devices_per_host']}); usable memory per device {_gib(report['usable_memory'])} "
+      f"({report['usable_memory_note']})",
+      f"model: L={m['num_layers']} d={m['hidden_size']} T={m['seq_len']} "
+      f"V={m['padded_vocab_size']}, {m['dtype']}, attention {m['attention']}",
+      '',
+      f"{'per device':<26}{'train':>12}{'eval':>12}",
+      f"{'batch rows':<26}{train['per_device_batch']:>12}{ev['per_device_batch']:>12}",
+  ]
+  for key, label in (('state', 'params + optimizer state'), ('batch', 'batch'),
+                     ('temporaries', 'temporaries'), ('program', 'program'), ('total', 'total')):
+    lines.append(f"{label:<26}{_gib(train['memory'][key]):>12}{_gib(ev['memory'][key]):>12}")
+  lines.append(f"{'share of usable memory':<26}{train['used_fraction']:>12.1%}"
+               f"{ev['used_fraction']:>12.1%}")
+  lines.append(f"{'fits (>= 10% free)':<26}{'yes' if train['fits'] else 'NO':>12}"
+               f"{'yes' if ev['fits'] else 'NO':>12}")
+  lines.append('')
+  model_flops = report['model_flops_per_device']
+  if train['flops']:
+    lines.append(f"FLOPs per device per train step: {train['flops'] / 1e12:.3f} T "
+                 f"({train['flops_source']}) vs {model_flops / 1e12:.3f} T from flops.py "
+                 f"({train['flops'] / model_flops - 1:+.1%})")
+  if report['flops_difference_explained']:
+    lines.append(f"  difference: {report['flops_difference_explained']}")
+  est = report['estimate']
+  if est:
+    parts = ', '.join(f'{k} {v:.0%}' for k, v in list(est['compute_share_by_part'].items())[:4])
+    lines.append(f"compiler estimate, not measured: step {est['step_time_s'] * 1e3:.1f} ms "
+                 f"({est['compute_s'] * 1e3:.1f} compute + {est['collectives_s'] * 1e3:.1f} "
+                 f"collectives), {est['tokens_per_sec']:,.0f} tokens/s, MFU {est['mfu']:.1%}")
+    lines.append(f'  largest shares of compute: {parts}')
+  coll = train['hlo'].get('collectives')
+  if coll:
+    lines.append('collectives per train step: ' + ', '.join(
+        f"{v['count']} {k} ({_gib(v['bytes'])})" for k, v in coll.items()))
+  if 'cudnn_attention' in report:
+    c = report['cudnn_attention']
+    lines.append(f"cuDNN fused attention calls: {c['calls']} (expected {c['expected']})")
+  elif t['platform'] == 'gpu':
+    lines.append(f"attention: {m['attention']} (no cuDNN fused call)")
+  for s in report.get('suggestions', []):
+    flags_ = ' '.join(f'--config.{k}={v}' for k, v in s['overrides'].items())
+    lines.append(f"{'fits' if s['fits'] else 'does not fit'}: {s['change']} "
+                 f"({_gib(s['figures']['memory']['total'])}): {flags_}")
+  lines.append('')
+  lines.append('OK: fits' if report['ok'] else 'FAILED: ' + '; '.join(report['problems']))
+  return '\n'.join(lines)
+
+
+# --------------------------------------------------------------- command

@@ -1,0 +1,1 @@
+"""Where a run executes: the JAX backend, the device mesh and shardings, several processes, host memory settings."""

@@ -1,0 +1,74 @@
+"""What a config trains: the model, the optimizer, the state's layout and the jitted steps.
+
+`build(config, vocab_size, mesh)` is the one place these are made: the
+trainer, the benchmark and the pre-flight all call it, so they train, time
+and compile the same program. Nothing is allocated here: the state exists as
+shapes and shardings (jax.eval_shape) until `init_state()` creates it, under
+jit, straight into its sharding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+
+from mlm_jax import configuration as config_lib
+from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.model import bert as model_lib
+from mlm_jax.runtime import sharding
+from mlm_jax.training import step as step_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+  """What a run trains: the model's shapes, its state's layout and the jitted steps.
+
+  Nothing is allocated: `abstract_state` holds shapes, dtypes and shardings
+  only (from jax.eval_shape), so the same object serves the trainer and the
+  benchmark, which call `init_state()`, and the pre-flight, which compiles the
+  steps for devices that exist only to compile for.
+  """
+
+  model_cfg: model_lib.ModelConfig
+  abstract_state: step_lib.TrainState  # jax.ShapeDtypeStruct leaves with their shardings.
+  train_step: Any     # (state, batch, dropout_rng) -> (state, metrics); donates the state.
+  eval_step: Any      # (state, batch) -> loss/accuracy sums.
+  dropout_rng: jax.Array
+  chains: int         # config.train.concurrent_chains, resolved.
+  init_state: Callable[[], step_lib.TrainState]  # A fresh state, made in its sharding.
+
+
+def build(config: ml_collections.ConfigDict, vocab_size: int, mesh) -> Built:
+  """The model, the state's shardings and the jitted steps of `config` on `mesh`.
+
+  The trainer, the benchmark and the pre-flight all build through here, so
+  they train, time and compile the same program. Choices left to 'auto'
+  (compute dtype, attention kernel, concurrent chains) are made for the
+  platform of the mesh's devices, not for the host's.
+  """
+  platform = mesh.devices.flat[0].platform
+  pairs = config.sentence_pair.task != 'none'
+  dtype = config_lib.compute_dtype(config.model.dtype, platform)
+  model_cfg = model_lib.ModelConfig.from_config(
+      config.model, vocab_size, tok_lib.padded_vocab_size(vocab_size), dtype,
+      sentence_pair_head=pairs, batch_sharding=sharding.batch_sharding(mesh),
+      attention=model_lib.resolve_attention(config.model.attention, platform, dtype,
+                                            config.model.attention_dropout_rate))
+  model = model_lib.BertForMLM(model_cfg)
+  tx = step_lib.make_optimizer(config.train)
+  repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+  init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
+  example = step_lib.example_batch(config.data.seq_len, config.masking.max_predictions, pairs)
+  abstract_state, state_sh, init = step_lib.sharded_state_init(model, tx, init_rng, example, mesh)
+  chains = config_lib.concurrent_chains(config.train, mesh.size, platform)
+  train_step = jax.jit(
+      step_lib.make_train_step(step_lib.learning_rate_schedule(config.train),
+                               config.train.grad_accum_steps, config.sentence_pair.loss_weight,
+                               chains),
+      in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0)
+  eval_step = jax.jit(step_lib.eval_step, in_shardings=(state_sh, batch_sh), out_shardings=repl)
+  return Built(model_cfg, abstract_state, train_step, eval_step, dropout_rng, chains, init)

@@ -1,0 +1,63 @@
+"""Stopping a run cleanly: a signal becomes a checkpoint at a step every process agrees on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+from absl import logging
+from jax.experimental import multihost_utils
+
+
+class StopRequest:
+  """Turns the first SIGINT/SIGTERM into a request to checkpoint and stop.
+
+  One process: the signal sets the request, honoured after the current step.
+  Several processes must all save the same step, whichever of them got the
+  signal and whenever: SIGTERM is left to JAX's preemption service (installed
+  by jax.distributed.initialize), which propagates the notice to every
+  process and names a step all of them reach; `poll(step)` asks it every
+  step. SIGINT is turned into a SIGTERM to this process, so Ctrl-C takes the
+  same path. A second signal interrupts at once (the last complete checkpoint
+  remains).
+  """
+
+  def __init__(self, multi_process: bool = False):
+    self.requested = False
+    self.signal_name = ''
+    self._multi_process = multi_process
+    self._previous: dict[int, Any] = {}
+
+  def poll(self, step: int) -> None:
+    """Call once per step on every process, after the step."""
+    if self._multi_process and multihost_utils.reached_preemption_sync_point(step):
+      self.requested = True
+      self.signal_name = self.signal_name or 'SIGTERM'
+
+  def _handle(self, signum, frame):
+    if self.requested or (self._multi_process and self.signal_name):
+      raise KeyboardInterrupt
+    self.signal_name = signal.Signals(signum).name
+    if self._multi_process:
+      logging.warning('%s received: all processes will save a checkpoint at a step they agree '
+                      'on (send again to abort).', self.signal_name)
+      os.kill(os.getpid(), signal.SIGTERM)  # To JAX's preemption notifier.
+      return
+    self.requested = True
+    logging.warning('%s received: saving a checkpoint after this step (send again to abort).',
+                    self.signal_name)
+
+  def __enter__(self):
+    if threading.current_thread() is not threading.main_thread():
+      return self  # Signals are delivered to the main thread only.
+    signals = (signal.SIGINT,) if self._multi_process else (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+      self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    return False

@@ -1,0 +1,110 @@
+"""What a training run reports as it goes: one record per log interval, timed.
+
+`TrainingLog` gathers the step metrics of a log interval (left on the
+devices until the interval ends, so the loop never waits for them), and at
+each log step writes their means, tokens/s and the share of time spent
+waiting for input. Tokens/s counts training steps only: the compile step,
+evaluations and writing a profile happen between steps, and each one
+`restart()`s the interval clock, marking the steps before it as untimed.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from mlm_jax.training import feed as feed_lib
+from mlm_jax.training import metrics as metrics_lib
+from mlm_jax.training import summary
+
+
+class TrainingLog:
+  """Metrics of each log interval -> metrics.jsonl / TensorBoard, a progress bar, counters."""
+
+  def __init__(self, writer: metrics_lib.MetricsWriter, feed: feed_lib.DeviceFeed, *,
+               start_step: int, num_steps: int, earlier_tokens: int | None, show: bool,
+               checkpoint_dir: str):
+    self.writer = writer
+    self._checkpoint_dir = checkpoint_dir
+    self.counters = summary.Counters()
+    self.earlier_tokens = earlier_tokens  # Seen before this invocation, if known.
+    self._feed = feed
+    self._pending: list[dict[str, jax.Array]] = []
+    self._untimed = 0   # Steps at the head of `_pending` whose time is not in the interval.
+    self._start = time.perf_counter()
+    self._progress = tqdm(total=num_steps, initial=start_step, unit='step', dynamic_ncols=True,
+                          disable=not (show and sys.stderr.isatty()))
+
+  def add(self, metrics: dict[str, jax.Array]) -> None:
+    """Records one train step's metrics (still on the devices)."""
+    self._pending.append(metrics)
+    self._progress.update(1)
+
+  def restart(self) -> None:
+    """Leaves the time since the interval began (and its steps) out of tokens/s."""
+    self._untimed = len(self._pending)
+    self._start = time.perf_counter()
+    self._feed.take_wait()
+
+  def first_step_done(self) -> float:
+    """Waits for the first step (it compiles); returns its seconds, which stay untimed."""
+    jax.block_until_ready(self._pending[-1])
+    seconds = time.perf_counter() - self._start
+    self.restart()
+    return seconds
+
+  def write(self, step: int) -> dict[str, float]:
+    """Writes the interval's record (loss, accuracy, lr, grad norm, speed, input wait)."""
+    host_metrics = jax.device_get(self._pending)
+    seconds = time.perf_counter() - self._start
+    record = interval_means(host_metrics)
+    record.update(self.counters.add_interval(host_metrics, self._untimed, seconds))
+    # Near 0 when the host pipeline keeps up with the devices.
+    record['input_wait_fraction'] = min(self._feed.take_wait() / max(seconds, 1e-9), 1.0)
+    if self.earlier_tokens is not None:
+      record['tokens_seen'] = self.earlier_tokens + self.counters.tokens
+    check_finite(record['loss'], step, self._checkpoint_dir)
+    self.writer.write(step, record)
+    self._progress.set_postfix(loss=f'{record["loss"]:.3f}', acc=f'{record["mlm_accuracy"]:.3f}')
+    self._pending.clear()
+    self._untimed = 0
+    self._start = time.perf_counter()
+    return record
+
+  def write_eval(self, step: int, result: dict[str, Any]) -> None:
+    self.writer.write(step, {f'eval_{k}': v for k, v in result.items()})
+    self.restart()
+
+  def close(self) -> None:
+    self._progress.close()
+    self.writer.close()
+
+
+def interval_means(metrics: list[dict[str, np.ndarray]]) -> dict[str, float]:
+  """Means over a log interval; loss and accuracy weighted by masked tokens."""
+  masked = np.array([m['num_masked'] for m in metrics], np.float64)
+  weights = masked / max(masked.sum(), 1.0)
+  record = {
+      'loss': float(sum(w * m['loss'] for w, m in zip(weights, metrics))),
+      'mlm_accuracy': float(sum(w * m['mlm_accuracy'] for w, m in zip(weights, metrics))),
+      'learning_rate': float(metrics[-1]['learning_rate']),
+      'grad_norm': float(np.mean([m['grad_norm'] for m in metrics])),
+  }
+  for name in ('sentence_pair_loss', 'sentence_pair_accuracy'):
+    if name in metrics[0]:
+      record[name] = float(np.mean([m[name] for m in metrics]))
+  return record
+
+
+def check_finite(loss: float, step: int, checkpoint_dir: str) -> None:
+  """Stops a diverged run (before it can save NaN parameters), naming the fix."""
+  if not math.isfinite(loss):
+    raise FloatingPointError(
+        f'loss is {loss} at step {step}; stopping. The last good checkpoint is kept in '
+        f'{checkpoint_dir}. Try a lower config.train.learning_rate.')

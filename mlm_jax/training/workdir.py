@@ -1,0 +1,79 @@
+"""A run's directory: what training writes there, and loading it back for inference and export.
+
+  WORKDIR/config.json       the resolved config (model shape, masking, data dir, vocab)
+  WORKDIR/tokenizer.model   the sentencepiece model
+  WORKDIR/checkpoints/<n>/  Orbax checkpoints
+  WORKDIR/metrics.jsonl, tb/, summary.json, profile/: see training/metrics.py, summary.py
+
+A resumed run writes config.json again; everything else it appends to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from mlm_jax.data import prepare
+from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.model import bert as model_lib
+from mlm_jax.training import checkpoint as ckpt_lib
+
+
+def checkpoint_dir(workdir: str) -> str:
+  return os.path.join(workdir, 'checkpoints')
+
+
+def resolved_config(config: ml_collections.ConfigDict,
+                    data: prepare.PreparedData) -> dict[str, Any]:
+  """The config as a dict, with what it resolved to on this machine under 'resolved'."""
+  resolved = config.to_dict()
+  resolved['resolved'] = {'data_dir': data.data_dir, 'vocab_size': data.tokenizer.vocab_size,
+                          'padded_vocab_size': tok_lib.padded_vocab_size(data.tokenizer.vocab_size),
+                          'num_devices': jax.device_count(), 'num_processes': jax.process_count(),
+                          'backend': jax.default_backend()}
+  return resolved
+
+
+def record(workdir: str, resolved: dict[str, Any], tokenizer: tok_lib.Tokenizer) -> None:
+  """Writes config.json (atomically) and the tokenizer the run uses into `workdir`."""
+  os.makedirs(workdir, exist_ok=True)
+  shutil.copyfile(tokenizer.model_path, os.path.join(workdir, 'tokenizer.model'))
+  tmp = os.path.join(workdir, 'config.json.tmp')
+  with open(tmp, 'w') as f:
+    json.dump(resolved, f, indent=2, default=str)
+  os.replace(tmp, os.path.join(workdir, 'config.json'))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedRun:
+  workdir: str
+  step: int
+  config: dict[str, Any]               # WORKDIR/config.json
+  model_cfg: model_lib.ModelConfig     # float32 compute, for exact inference
+  params: dict[str, Any]               # host numpy arrays
+  tokenizer: tok_lib.Tokenizer
+
+
+def load(workdir: str, step: int | None = None) -> TrainedRun:
+  """Config, tokenizer and the parameters of checkpoint `step` (None: the latest)."""
+  workdir = os.path.abspath(workdir)
+  config_path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(config_path):
+    raise FileNotFoundError(f'{workdir} is not a training workdir (no config.json).')
+  with open(config_path) as f:
+    config = json.load(f)
+  resolved = config['resolved']
+  model_cfg = model_lib.ModelConfig.from_config(
+      config['model'], resolved['vocab_size'], resolved['padded_vocab_size'], jnp.float32,
+      sentence_pair_head=config.get('sentence_pair', {}).get('task', 'none') != 'none')
+  step, params, meta = ckpt_lib.restore_params(checkpoint_dir(workdir), step)
+  ckpt_lib.check_meta(meta, model_cfg.shape_record(), f'{step} of {workdir}')
+  tokenizer = tok_lib.Tokenizer(os.path.join(workdir, 'tokenizer.model'))
+  return TrainedRun(workdir, step, config, model_cfg, params, tokenizer)
