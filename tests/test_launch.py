@@ -1,5 +1,7 @@
 """launch/*.sh: bash syntax, shellcheck, and the commands they print (--dry_run) or run.
 
+The scripts find the repository and a python3, then run mlm_jax.launch; these
+tests run them end to end (test_launch_plan.py tests that package directly).
 Nothing here reaches Google Cloud or a SLURM cluster: gcloud, sbatch and srun are
 fakes put first on PATH. In dry runs they fail loudly if called at all; elsewhere
 they record their arguments.
@@ -70,7 +72,7 @@ def fakes(tmp_path):
   fake_dir.mkdir()
   (tmp_path / 'tmp').mkdir()
 
-  def run(script, *args, recording=False, **extra_env):
+  def run(script, *args, recording=False, cwd=None, **extra_env):
     bin_dir = fake_dir / ('recording' if recording else 'failing')
     if not bin_dir.exists():
       bin_dir.mkdir()
@@ -87,7 +89,7 @@ def fakes(tmp_path):
                TMPDIR=str(tmp_path / 'tmp'),
                MLM_JAX_PYTHON=str(bin_dir / 'python') if recording else 'python')
     env.update(extra_env)
-    result = subprocess.run(['bash', str(script), *args], env=env, cwd=tmp_path,
+    result = subprocess.run(['bash', str(script), *args], env=env, cwd=cwd or tmp_path,
                             capture_output=True, text=True, timeout=60)
     if not recording:
       assert not (fake_dir / 'forbidden_calls').exists(), result.stderr
@@ -473,3 +475,51 @@ def test_slurm_failed_preflight_submits_and_starts_nothing(fakes):
   result = fakes(SLURM, '--workdir=/shared/runs/base', '--no_preflight', recording=True)
   assert result.returncode == 0 and _calls(fakes.dir)[-1]['tool'] == 'sbatch'
   assert '--no_preflight' in _calls(fakes.dir)[-1]['argv']
+
+
+def test_slurm_copy_outside_the_repository_finds_it(fakes, tmp_path):
+  """sbatch runs a spooled copy of the script, in the directory the job was submitted from."""
+  copy = tmp_path / 'spool' / 'slurm_script'
+  copy.parent.mkdir()
+  # The copy's own #SBATCH header gives the sizes outside an allocation.
+  copy.write_text(SLURM.read_text().replace('--gpus-per-node=8', '--gpus-per-node=4'))
+  result = fakes(copy, '--dry_run', '--workdir=/w', cwd=REPO)
+  assert result.returncode == 0, result.stderr
+  commands = _commands(result.stdout)
+  assert ['cd', str(REPO)] in commands
+  assert '--target=h100x4x2' in _find(commands, 'python', '-m', 'mlm_jax.preflight')[0]
+  result = fakes(copy, '--dry_run', '--workdir=/w', MLM_JAX_REPO_DIR=str(REPO))
+  assert result.returncode == 0, result.stderr
+  assert ['cd', str(REPO)] in _commands(result.stdout)
+  result = fakes(copy, '--dry_run', '--workdir=/w')
+  assert result.returncode == 2 and result.stdout == ''
+  assert result.stderr == (f"slurm_gpu.sh: error: no mlm_jax repository in {tmp_path}: submit "
+                           "from the repository's root, or set MLM_JAX_REPO_DIR\n")
+
+
+# --- The Python that runs the launchers ---------------------------------------------
+
+
+@pytest.mark.parametrize('script', SCRIPTS)
+def test_a_python3_too_old_is_passed_over(script, fakes, tmp_path):
+  old = tmp_path / 'old'
+  old.mkdir()
+  (old / 'python3').write_text('#!/bin/sh\necho "$*" >> "$FAKE_DIR/old_python3"\nexit 1\n')
+  (old / 'python3').chmod(0o755)
+  (old / 'python3.11').symlink_to(sys.executable)
+  result = fakes(script, '--help', PATH=f'{old}{os.pathsep}{os.environ["PATH"]}')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith('Usage:')
+  assert 'version_info' in (fakes.dir / 'old_python3').read_text()
+
+
+def test_no_python3_says_so(tmp_path):
+  if (REPO / '.venv' / 'bin' / 'python').exists():
+    pytest.skip("the repository's .venv has a python")
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  (bin_dir / 'dirname').symlink_to(shutil.which('dirname'))
+  result = subprocess.run([shutil.which('bash'), str(TPU), '--help'], env={'PATH': str(bin_dir)},
+                          capture_output=True, text=True, timeout=60)
+  assert result.returncode != 0 and result.stdout == ''
+  assert result.stderr == 'tpu_pod.sh: error: no python3 >= 3.11 on PATH\n'
