@@ -15,8 +15,8 @@ import pytest
 from configs import base
 from configs import tiny
 from mlm_jax import configuration as config_lib
+from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
-from mlm_jax.model import bert as model_lib
 from mlm_jax.perf import bench
 from mlm_jax.perf import flops as flops_lib
 from tests.conftest import REPO

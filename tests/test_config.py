@@ -9,6 +9,7 @@ from configs import base
 from configs import large
 from configs import tiny
 from mlm_jax import configuration as config_lib
+from mlm_jax.training import step as step_lib
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / 'configs'
 
@@ -72,13 +73,13 @@ def test_concurrent_chains_auto_and_explicit():
   config = base.get_config()
   config.train.batch_size = 16
   # Auto: 2 on a single CPU device (the tests run on CPU), 1 across several.
-  assert config_lib.concurrent_chains(config.train, num_devices=1) == 2
-  assert config_lib.concurrent_chains(config.train, num_devices=8) == 1
+  assert step_lib.concurrent_chains(config.train, num_devices=1) == 2
+  assert step_lib.concurrent_chains(config.train, num_devices=8) == 1
   config.train.batch_size = 3
-  assert config_lib.concurrent_chains(config.train, num_devices=1) == 1   # 3 rows do not split
+  assert step_lib.concurrent_chains(config.train, num_devices=1) == 1   # 3 rows do not split
   config.train.batch_size = 16
   config.train.concurrent_chains = 4
-  assert config_lib.concurrent_chains(config.train, num_devices=8) == 4
+  assert step_lib.concurrent_chains(config.train, num_devices=8) == 4
   with pytest.raises(config_lib.ConfigError, match=r'x concurrent_chains=4; use a multiple of 32'):
     config_lib.validate(config, num_devices=8)
   config.train.concurrent_chains = -1

@@ -10,6 +10,7 @@ import pytest
 
 from mlm_jax.data import corpus
 from mlm_jax.data import masking
+from mlm_jax.data import packing
 from mlm_jax.data import pipeline as input_pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import tokenizer as tok
@@ -108,9 +109,9 @@ def test_empty_corpus_is_a_clear_error_and_leaves_no_partial_dir(tmp_path):
 
 def test_validation_documents_never_appear_in_train(corpus_glob):
   docs = list(corpus.documents(corpus_glob))
-  val = [d for d in docs if prepare._is_validation(tok.sanitize(d), 0.1, 0)]
+  val = [d for d in docs if packing.is_validation(tok.sanitize(d), 0.1, 0)]
   assert 0 < len(val) < len(docs) / 4
-  assert not set(val) & {d for d in docs if not prepare._is_validation(tok.sanitize(d), 0.1, 0)}
+  assert not set(val) & {d for d in docs if not packing.is_validation(tok.sanitize(d), 0.1, 0)}
 
 
 def _take(it, n):
@@ -144,7 +145,8 @@ def test_pipeline_covers_an_epoch_then_reshuffles(prepared):
   source = data.source('train')
   n = len(source)
   m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
-  m = masking.Masker(1, 1e-9, 0.0, 0.0, m.replacement_probs)  # Masks 1 token, keeps it.
+  m = masking.Masker(1, 1e-9, 0.0, 0.0, m.replacement_probs, mode='token', span_p=m.span_p,
+                     span_max=m.span_max)  # Masks 1 token, keeps it.
   it = input_pipeline.train_batches(source, m, global_batch=1, seed=0)
   epoch1 = [next(it)['input_ids'][0].tobytes() for _ in range(n)]
   epoch2 = [next(it)['input_ids'][0].tobytes() for _ in range(n)]

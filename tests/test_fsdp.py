@@ -11,11 +11,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from mlm_jax.model import bert as model_lib
+from mlm_jax import model as model_lib
 from mlm_jax.runtime import sharding
 from mlm_jax.training import loop as trainer
 from mlm_jax.training import step as step_lib
 from tests.conftest import REPO
+from tests.conftest import model_config
 from tests.conftest import write_config_file
 
 
@@ -25,7 +26,7 @@ def _losses(workdir):
 
 
 def test_fsdp_splits_every_matrix_and_both_adam_moments():
-  cfg = model_lib.ModelConfig(vocab_size=100, padded_vocab_size=128, num_layers=2,
+  cfg = model_config(vocab_size=100, padded_vocab_size=128, num_layers=2,
                               hidden_size=32, num_heads=4, intermediate_size=64,
                               max_position_embeddings=16)
   ids = jnp.zeros((1, 16), jnp.int32)

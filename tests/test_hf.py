@@ -20,15 +20,17 @@ import flax.linen  # noqa: E402
 import jax  # noqa: E402
 import optax  # noqa: E402
 
+from configs import base
+from mlm_jax import model as model_lib  # noqa: E402
 from mlm_jax.analysis import fill_mask  # noqa: E402
 from mlm_jax.data import tokenizer as tok_lib  # noqa: E402
 from mlm_jax.interop import export as export_lib  # noqa: E402
 from mlm_jax.interop import hf  # noqa: E402
-from mlm_jax.model import bert as model_lib  # noqa: E402
 from mlm_jax.training import checkpoint  # noqa: E402
 from mlm_jax.training import loop as trainer  # noqa: E402
 from mlm_jax.training import step as step_lib  # noqa: E402
 from tests.conftest import micro_config  # noqa: E402
+from tests.conftest import model_config
 
 # Texts whose ids must agree exactly between sentencepiece and the export.
 TOKENIZER_TEXTS = [
@@ -96,7 +98,7 @@ def test_imported_hf_model_gives_hf_logits(shape, tmp_path):
   vocab, *_, positions, segments, _ = shape
   hf_model = _hf_model(*shape, seed=sum(shape[:5]))
   hf_model.save_pretrained(tmp_path)
-  cfg = hf.load_hf_config(str(tmp_path))
+  cfg = hf.load_hf_config(str(tmp_path), base.get_config().model)
   assert (cfg.vocab_size, cfg.padded_vocab_size) == (vocab, -(-vocab // 128) * 128)
   params = hf.load_hf_params(str(tmp_path), cfg)
   batch = _padded_batch(np.random.default_rng(0), vocab, 3, positions, 4,
@@ -120,7 +122,7 @@ def _random_params(cfg: model_lib.ModelConfig, seed: int = 0):
       tree, [np.asarray(x) + rng.normal(0, 0.1, x.shape).astype(np.float32) for x in leaves])
 
 
-ODD = model_lib.ModelConfig(vocab_size=300, padded_vocab_size=384, num_layers=2, hidden_size=48,
+ODD = model_config(vocab_size=300, padded_vocab_size=384, num_layers=2, hidden_size=48,
                             num_heads=3, intermediate_size=100, max_position_embeddings=16,
                             layer_norm_eps=1e-6)
 
@@ -128,7 +130,7 @@ ODD = model_lib.ModelConfig(vocab_size=300, padded_vocab_size=384, num_layers=2,
 def test_export_import_round_trip_is_exact(tmp_path):
   params = _random_params(ODD)
   hf.save_model(str(tmp_path), params, ODD)
-  assert hf.load_hf_config(str(tmp_path)) == ODD
+  assert hf.load_hf_config(str(tmp_path), base.get_config().model) == ODD
   loaded = hf.load_hf_params(str(tmp_path), ODD)
   v = ODD.vocab_size
   flat = dict(jax.tree_util.tree_flatten_with_path(params)[0])

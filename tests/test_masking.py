@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from mlm_jax import configuration
 from mlm_jax.data import masking
 from mlm_jax.data import tokenizer as tok
 
@@ -25,11 +26,15 @@ def _rows(n: int, seed: int = 0, vocab_lo: int = 5, vocab_hi: int = V) -> np.nda
   return ids
 
 
+# Masker options besides the rates: token mode (span settings unused there).
+TOKEN_MODE = dict(mode='token', span_p=0.2, span_max=10)
+
+
 def _masker(counts=None, source='unigram', mask_prob=0.8, random_prob=0.1, rate=0.15, p=P):
   if counts is None:
     counts = np.arange(V, dtype=np.int64)
   return masking.Masker(p, rate, mask_prob, random_prob,
-                        masking.replacement_distribution(source, V, counts))
+                        masking.replacement_distribution(source, V, counts), **TOKEN_MODE)
 
 
 def _selected(batch):
@@ -124,7 +129,8 @@ def test_random_replacements_follow_unigram_counts():
   vocab = 40
   counts = np.zeros(vocab, np.int64)
   counts[5:] = np.random.default_rng(0).integers(1, 200, vocab - 5) ** 2  # Skewed.
-  m = masking.Masker(P, 0.15, 0.0, 1.0, masking.replacement_distribution('unigram', vocab, counts))
+  m = masking.Masker(P, 0.15, 0.0, 1.0, masking.replacement_distribution('unigram', vocab, counts),
+                     **TOKEN_MODE)
   ids = _rows(3000, seed=3, vocab_hi=vocab)
   draws = []
   for step in range(4):
@@ -137,7 +143,8 @@ def test_random_replacements_follow_unigram_counts():
   _, p_value = stats.chisquare(observed, expected)
   assert p_value > 1e-3, p_value
   # And the uniform option is uniform over the normal vocabulary.
-  m = masking.Masker(P, 0.15, 0.0, 1.0, masking.replacement_distribution('uniform', vocab, counts))
+  m = masking.Masker(P, 0.15, 0.0, 1.0, masking.replacement_distribution('uniform', vocab, counts),
+                     **TOKEN_MODE)
   batch = m(ids, seed=11, step=0, rows=np.arange(len(ids)))
   r, pos, _ = _selected(batch)
   observed = np.bincount(batch['input_ids'][r, pos], minlength=vocab)
@@ -204,9 +211,11 @@ def _expected_k(ids, rate=0.15, p=P):
 
 def test_default_mode_is_token_and_bit_identical_to_plain_masker():
   ids = _rows(300, seed=6)
-  config = ml_collections.ConfigDict(dict(max_predictions=P, select_rate=0.15, mask_prob=0.8,
-                                          random_prob=0.1, random_source='unigram'))
-  old_style = masking.make_masker(config, V, np.arange(V))  # A config without `mode`.
+  # A run's config.json written before masking had modes: completed with today's defaults.
+  saved = dict(max_predictions=P, select_rate=0.15, mask_prob=0.8, random_prob=0.1,
+               random_source='unigram')
+  config = configuration.with_defaults({'masking': saved}).masking
+  old_style = masking.make_masker(config, V, np.arange(V))
   assert old_style.mode == 'token'
   a = old_style(ids, seed=1, step=2, rows=np.arange(300))
   b = _masker()(ids, seed=1, step=2, rows=np.arange(300))
@@ -349,6 +358,6 @@ def test_every_mode_is_a_function_of_seed_step_and_row(mode):
 def test_whole_word_mode_needs_the_pieces():
   config = ml_collections.ConfigDict(dict(max_predictions=P, select_rate=0.15, mask_prob=0.8,
                                           random_prob=0.1, random_source='uniform',
-                                          mode='whole_word'))
+                                          mode='whole_word', span_p=0.2, span_max_length=10))
   with pytest.raises(ValueError, match='pieces'):
     masking.make_masker(config, V, None)

@@ -7,9 +7,10 @@ import optax
 import pytest
 from ml_collections import ConfigDict
 
-from mlm_jax.model import bert as model_lib
+from mlm_jax import model as model_lib
 from mlm_jax.runtime import sharding
 from mlm_jax.training import step as step_lib
+from tests.conftest import model_config
 
 B, T, P, V = 16, 32, 6, 300
 
@@ -19,7 +20,7 @@ def _cfg(**overrides):
                 num_heads=4, intermediate_size=48, max_position_embeddings=T,
                 dropout_rate=0.1, attention_dropout_rate=0.1)
   fields.update(overrides)
-  return model_lib.ModelConfig(**fields)
+  return model_config(**fields)
 
 
 def _batch(seed=0):

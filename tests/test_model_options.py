@@ -10,11 +10,12 @@ import ml_collections
 import numpy as np
 import pytest
 
+from mlm_jax import model as model_lib
 from mlm_jax.interop import hf
-from mlm_jax.model import bert as model_lib
 from mlm_jax.training import checkpoint
 from mlm_jax.training import loop as trainer
 from mlm_jax.training import step as step_lib
+from tests.conftest import model_config
 
 B, T, P = 4, 16, 3
 
@@ -23,7 +24,7 @@ def _cfg(**kw):
   base = dict(vocab_size=100, padded_vocab_size=128, num_layers=3, hidden_size=32, num_heads=4,
               intermediate_size=64, max_position_embeddings=T, dropout_rate=0.0,
               attention_dropout_rate=0.0)
-  return model_lib.ModelConfig(**(base | kw))
+  return model_config(**(base | kw))
 
 
 def _batch(seed=0):
@@ -141,7 +142,7 @@ def test_softmax_attention_matches_the_library_with_its_gradients():
 
 def test_gelu_is_the_exact_erf_gelu():
   x = jnp.linspace(-8.0, 8.0, 1001)
-  np.testing.assert_allclose(model_lib._gelu(x), jax.nn.gelu(x, approximate=False),
+  np.testing.assert_allclose(model_lib.gelu(x), jax.nn.gelu(x, approximate=False),
                              atol=1e-6, rtol=1e-6)
 
 

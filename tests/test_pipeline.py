@@ -10,6 +10,7 @@ import pytest
 
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline as input_pipeline
+from mlm_jax.data import sentence_pairs
 from mlm_jax.data import tokenizer as tok
 from tests.conftest import REPO
 from tests.conftest import write_config_file
@@ -31,7 +32,8 @@ def _masker(config, data, mode='token'):
   pieces = [data.tokenizer.id_to_piece(i) for i in range(data.tokenizer.vocab_size)]
   m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts, pieces)
   return masking.Masker(m.max_predictions, m.select_rate, m.mask_prob, m.random_prob,
-                        m.replacement_probs, mode=mode, word_start=masking.word_starts(pieces))
+                        m.replacement_probs, mode=mode, span_p=m.span_p, span_max=m.span_max,
+                        word_start=masking.word_starts(pieces))
 
 
 def _packed_rows(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
@@ -102,7 +104,7 @@ def test_sentence_pairs_layout_labels_and_balance(task):
   n = 4000
   own = np.arange(n) % 50
   ids = reader(own)
-  pairs = input_pipeline.sentence_pairs(ids, task=task, seed=1, step=7, rows=np.arange(n),
+  pairs = sentence_pairs.build(ids, task=task, seed=1, step=7, rows=np.arange(n),
                                         read_other=reader, own_indices=own, num_source_rows=50)
   labels, weights = pairs['sentence_pair_labels'], pairs['sentence_pair_weights']
   assert labels.dtype == np.int32 and pairs['segment_ids'].dtype == np.int32

@@ -14,13 +14,14 @@ import jax
 import numpy as np
 import pytest
 
+from mlm_jax import model as model_lib
 from mlm_jax.analysis import layer_report
 from mlm_jax.analysis import plot
-from mlm_jax.model import bert as model_lib
 from mlm_jax.perf import flops
 from mlm_jax.training import loop as trainer
 from mlm_jax.training import metrics
 from mlm_jax.training import summary as run_summary
+from tests.conftest import model_config
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -189,7 +190,7 @@ def test_layer_report_has_one_row_per_layer(run):
 
 
 def test_all_layers_leaves_the_parameters_and_the_default_output_alone():
-  cfg = model_lib.ModelConfig(vocab_size=300, padded_vocab_size=384, num_layers=2,
+  cfg = model_config(vocab_size=300, padded_vocab_size=384, num_layers=2,
                               hidden_size=16, num_heads=2, intermediate_size=32,
                               max_position_embeddings=8)
   ids = np.arange(16, dtype=np.int32).reshape(2, 8) + 5

@@ -182,7 +182,7 @@ def test_tokenizer_trains_on_a_bounded_sample_of_lines(tmp_path):
 def _prepare_in_subprocess(config_code: str, patch: str = '') -> subprocess.CompletedProcess:
   code = (f'import sys; sys.path.insert(0, {str(REPO)!r})\n'
           'import os, signal\n'
-          'from mlm_jax.data import corpus, prepare, tokenizer\n'
+          'from mlm_jax.data import corpus, packing, prepare, tokenizer\n'
           'from tests.conftest import micro_config\n'
           'corpus.UNIT_BYTES = 1  # One unit per file.\n'
           'prepare.SHARD_BYTES = 4 * 32 * 40  # 40 rows per shard.\n'
@@ -220,11 +220,11 @@ def test_interrupted_prepare_resumes_to_the_same_dataset_for_any_worker_count(
   assert not os.path.exists(data_dir)
   # Run 2: SIGKILL after the first shard of rows is written.
   kill_after_shard_1 = (
-      'write = prepare._write_shard\n'
+      'write = packing.write_shard\n'
       'def dying_write(*a):\n'
       '  write(*a)\n'
       '  os.kill(os.getpid(), signal.SIGKILL)\n'
-      'prepare._write_shard = dying_write\n')
+      'packing.write_shard = dying_write\n')
   run = _prepare_in_subprocess(config_code, kill_after_shard_1)
   assert run.returncode == -9, run.stderr
   assert len(os.listdir(f'{partial}/units')) == 8

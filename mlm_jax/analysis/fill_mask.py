@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
-from mlm_jax.model import bert as model_lib
 from mlm_jax.training import workdir as workdir_lib
 
 Prediction = list[tuple[str, float]]  # (piece, probability), most probable first

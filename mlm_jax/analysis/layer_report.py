@@ -25,10 +25,10 @@ import jax
 import ml_collections
 import numpy as np
 
+from mlm_jax import model as model_lib
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline as input_pipeline
 from mlm_jax.data import prepare as prepare_lib
-from mlm_jax.model import bert as model_lib
 from mlm_jax.training import step as step_lib
 from mlm_jax.training import workdir as workdir_lib
 

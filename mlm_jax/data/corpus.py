@@ -42,12 +42,18 @@ from typing import Any
 
 import ml_collections
 
+from mlm_jax.config_check import ConfigError
+from mlm_jax.config_check import one_of
+from mlm_jax.config_check import require
+
 # Standard-library folders that are tests, third-party code or tooling rather
 # than documentation.
 _SKIP_DIRS = frozenset({'site-packages', 'dist-packages', 'test', 'tests',
                         'idlelib', 'lib2to3', '__pycache__', 'turtledemo'})
 # What a blank line may hold (the characters of the old r'\n[ \t\r\f\v]*\n').
 _BLANK = ' \t\r\f\v\n'
+# How a text file splits into documents (config.data.document_split).
+DOCUMENT_SPLITS = ('blank_line', 'file')
 # Documents longer than this are read and tokenized in pieces of this size.
 PIECE_CHARS = 1 << 20
 # A jsonl line longer than this is skipped: json needs it whole in memory.
@@ -142,8 +148,8 @@ class Corpus:
   units: list[Unit]
   description: dict  # Identity for the data dir fingerprint.
   tally: Tally  # Inputs skipped while resolving (missing paths, empty globs).
-  document_split: str = 'blank_line'
-  text_key: str = 'text'
+  document_split: str  # DOCUMENT_SPLITS
+  text_key: str
   tfds_source: Any = None  # A random-access tfds source; pickles to workers.
 
   def pieces(self, unit: Unit, tally: Tally) -> Iterator[tuple[bool, str]]:
@@ -256,7 +262,8 @@ def resolve(data: ml_collections.ConfigDict) -> Corpus:
                    'files': len(files), 'digest': _stat_digest(files)}
     # ~11 MB of source holding ~1.7 MB of docstrings: small units, so all workers get some.
     units = _group(files, [os.path.getsize(f) for f in files], UNIT_BYTES // 16)
-    return Corpus('stdlib', 'the default corpus', units, description, Tally())
+    return Corpus('stdlib', 'the default corpus', units, description, Tally(),
+                  document_split=data.document_split, text_key=data.text_key)
   files, tally = resolve_files(data.corpus)
   description = {'source': data.corpus, 'files': len(files), 'digest': _stat_digest(files)}
   if any(_is_jsonl(f) for f in files):
@@ -305,8 +312,8 @@ def _resolve_tfds(data: ml_collections.ConfigDict) -> Corpus:
   description = {'source': 'tfds', 'name': info.full_name, 'split': data.split,
                  'data_dir': os.path.abspath(data_dir) if data_dir else '',
                  'records': n, 'text_key': data.text_key}
-  return Corpus('tfds', name, units, description, Tally(), text_key=data.text_key,
-                tfds_source=source)
+  return Corpus('tfds', name, units, description, Tally(), document_split=data.document_split,
+                text_key=data.text_key, tfds_source=source)
 
 
 def check(data: ml_collections.ConfigDict) -> None:
@@ -485,3 +492,14 @@ def documents(corpus: str, document_split: str = 'blank_line',
       doc.append(piece)
   if doc:
     yield ' '.join(doc)
+
+
+def check_config(data: ml_collections.ConfigDict, check_paths: bool = True) -> None:
+  """ConfigError for an invalid text source in config.data (and, if asked, a missing one)."""
+  one_of('data', 'document_split', data.document_split, DOCUMENT_SPLITS)
+  require(bool(data.text_key), "config.data.text_key is empty; name the text field, e.g. 'text'.")
+  if check_paths:
+    try:
+      check(data)
+    except CorpusError as e:
+      raise ConfigError(str(e)) from None

@@ -33,11 +33,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import ml_collections
 import numpy as np
 
+from mlm_jax.config_check import one_of
+from mlm_jax.config_check import require
 from mlm_jax.data import tokenizer as tok_lib
 
 MODES = ('token', 'whole_word', 'span')
+# Where random replacement tokens are drawn from (config.masking.random_source).
+RANDOM_SOURCES = ('unigram', 'uniform')
 # Independent streams of the hash: one per random decision. Other modules
 # that draw from `uniform` (e.g. the sentence-pair builder) use streams >= 100.
 _SELECT, _ACTION, _TOKEN, _SPAN_LENGTH, _SPAN_PLACE = 1, 2, 3, 4, 5
@@ -86,7 +91,7 @@ def replacement_distribution(source: str, vocab_size: int,
   elif source == 'uniform':
     weights = np.ones(vocab_size, np.float64)
   else:
-    raise ValueError(f"config.masking.random_source={source!r}: use 'unigram' or 'uniform'")
+    one_of('masking', 'random_source', source, RANDOM_SOURCES)
   weights[list(tok_lib.SPECIAL_IDS)] = 0.0
   if weights.sum() <= 0:
     raise ValueError('no normal token has a positive count to draw replacements from')
@@ -117,16 +122,15 @@ class Masker:
   mask_prob: float
   random_prob: float
   replacement_probs: np.ndarray  # [vocab] float64, zero on special tokens
-  mode: str = 'token'
+  mode: str                      # MODES
   # Span mode: lengths ~ Geometric(span_p) on {1, 2, ...}, clipped at span_max.
-  span_p: float = 0.2
-  span_max: int = 10
+  span_p: float
+  span_max: int
   # Whole-word mode: [vocab] bool, True where a piece starts a word.
   word_start: np.ndarray | None = None
 
   def __post_init__(self):
-    if self.mode not in MODES:
-      raise ValueError(f'config.masking.mode={self.mode!r}: use one of {MODES}')
+    one_of('masking', 'mode', self.mode, MODES)
     if self.mode == 'whole_word' and self.word_start is None:
       raise ValueError("config.masking.mode='whole_word' needs the tokenizer's pieces "
                        '(make_masker(..., pieces=[tokenizer.id_to_piece(i) ...]))')
@@ -267,7 +271,7 @@ class Masker:
 def make_masker(masking_config, vocab_size: int, unigram_counts: np.ndarray | None,
                 pieces: Sequence[str] | None = None) -> Masker:
   """A Masker from `config.masking`; whole-word mode needs the tokenizer's pieces by id."""
-  mode = masking_config.get('mode', 'token')  # Runs older than the option have no mode.
+  mode = masking_config.mode
   return Masker(
       max_predictions=masking_config.max_predictions,
       select_rate=masking_config.select_rate,
@@ -276,6 +280,25 @@ def make_masker(masking_config, vocab_size: int, unigram_counts: np.ndarray | No
       replacement_probs=replacement_distribution(
           masking_config.random_source, vocab_size, unigram_counts),
       mode=mode,
-      span_p=masking_config.get('span_p', 0.2),
-      span_max=masking_config.get('span_max_length', 10),
+      span_p=masking_config.span_p,
+      span_max=masking_config.span_max_length,
       word_start=word_starts(pieces) if pieces is not None and mode == 'whole_word' else None)
+
+
+def check_config(m: ml_collections.ConfigDict, seq_len: int) -> None:
+  """ConfigError for an invalid config.masking (P must fit the rows of length seq_len)."""
+  require(0 < m.max_predictions <= seq_len - 2,
+          f'config.masking.max_predictions={m.max_predictions} (P) must be in '
+          f'[1, config.data.seq_len - 2 = {seq_len - 2}].')
+  require(0.0 < m.select_rate <= 1.0,
+          f'config.masking.select_rate={m.select_rate} must be in (0, 1].')
+  for name in ('mask_prob', 'random_prob'):
+    require(0.0 <= m[name] <= 1.0, f'config.masking.{name}={m[name]} must be in [0, 1].')
+  require(m.mask_prob + m.random_prob <= 1.0 + 1e-9,
+          f'config.masking.mask_prob + random_prob = {m.mask_prob + m.random_prob} '
+          'exceeds 1; the rest is the fraction kept unchanged.')
+  one_of('masking', 'random_source', m.random_source, RANDOM_SOURCES)
+  one_of('masking', 'mode', m.mode, MODES)
+  require(0.0 < m.span_p <= 1.0, f'config.masking.span_p={m.span_p} must be in (0, 1].')
+  require(m.span_max_length >= 1,
+          f'config.masking.span_max_length={m.span_max_length} must be at least 1.')

@@ -14,17 +14,7 @@ into steps. With `worker_count` > 0 grain runs that in worker processes, chunk
 c in worker c mod worker_count, interleaved back in order, so the batches are
 the same for any worker count.
 
-Sentence pairs (NSP/SOP, optional): a packed row [CLS] content [SEP] is cut at
-a hashed point into A and B and rebuilt as [CLS] A [SEP] B [SEP] [PAD]...
-(content that no longer fits is dropped from the end), with segment ids 0 on
-[CLS] A [SEP] and 1 on B [SEP] and labels in Hugging Face's convention:
-
-  nsp  0: B is the true continuation; 1: B is random text, read from another
-       row of the split chosen by the hash (so every process agrees);
-  sop  0: A then B; 1: swapped, [CLS] B [SEP] A [SEP].
-
-The cut, the label and the random row are functions of (seed, step, global
-row index), like the masks.
+Sentence pairs (NSP/SOP) are built by data/sentence_pairs.py before masking.
 """
 
 from __future__ import annotations
@@ -36,16 +26,16 @@ from typing import Any
 
 import grain
 import grain.experimental as grain_experimental
+import ml_collections
 import numpy as np
 from absl import flags
 from tensorflow_datasets.proto import tf_example_pb2
 
+from mlm_jax.config_check import one_of
+from mlm_jax.config_check import require
 from mlm_jax.data import masking
-from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.data import sentence_pairs
 
-SENTENCE_PAIR_TASKS = ('none', 'nsp', 'sop')
-# Hash streams of the sentence-pair draws (masking uses streams below 100).
-_PAIR_CUT, _PAIR_LABEL, _PAIR_OTHER = 101, 102, 103
 # Rows read and masked per call in a worker (rounded to whole steps).
 CHUNK_ROWS = 1024
 
@@ -101,67 +91,6 @@ class RowReader:
     return len(self.source)
 
 
-def sentence_pairs(input_ids: np.ndarray, *, task: str, seed: int, step: int | np.ndarray,
-                   rows: np.ndarray, read_other=None,
-                   own_indices: np.ndarray | None = None,
-                   num_source_rows: int = 0) -> dict[str, np.ndarray]:
-  """Packed rows [b, T] -> sentence-pair rows and their labels.
-
-  Returns input_ids [b, T], segment_ids [b, T], sentence_pair_labels [b] int32
-  and sentence_pair_weights [b] float32: 0 on rows with fewer than 2 content
-  tokens (eval padding rows, a very short last row of a split), which are left
-  as they were.
-  For 'nsp', `read_other(indices [b]) -> [b, T]` reads the random rows, chosen
-  uniformly among the `num_source_rows` rows of the split other than
-  `own_indices` (the rows' own indices there).
-  """
-  if task not in ('nsp', 'sop'):
-    raise ValueError(f"config.sentence_pair.task={task!r}: use 'none', 'nsp' or 'sop'")
-  b, t = input_ids.shape
-  content = (input_ids != tok_lib.PAD_ID).sum(axis=1) - 2     # [b] tokens between [CLS] and [SEP]
-  m = np.clip(np.minimum(content, t - 3), 0, None)             # [b] content kept in the pair
-  ok = m >= 2
-
-  def draw(stream: int) -> np.ndarray:
-    return masking.uniform(seed, step, rows, 1, stream)[:, 0]
-
-  cut = np.where(ok, 1 + np.floor(draw(_PAIR_CUT) * (m - 1)).astype(np.int64), m)  # len(A)
-  label = ok & (draw(_PAIR_LABEL) >= 0.5)
-  swapped = label if task == 'sop' else np.zeros(b, bool)
-  first = np.where(swapped, m - cut, cut)[:, None]           # [b, 1] tokens of the first segment
-  m, cut = m[:, None], cut[:, None]
-  pos = np.arange(t)[None, :]
-  in_first = (pos >= 1) & (pos <= first)
-  in_second = (pos >= first + 2) & (pos <= m + 1)
-  is_sep = (pos == first + 1) | (pos == m + 2)
-  # Column of the packed row that each position copies.
-  col = np.where(in_first, np.where(swapped[:, None], cut + pos, pos),
-                 np.where(swapped[:, None], pos - m + cut - 1, pos - 1))
-  row_idx = np.arange(b)[:, None]
-  tokens = input_ids[row_idx, np.clip(col, 0, t - 1)]
-  if task == 'nsp' and label.any():
-    if read_other is None or own_indices is None or num_source_rows < 2:
-      raise ValueError("sentence_pair.task='nsp' needs read_other, own_indices and a split "
-                       'of at least 2 rows')
-    offset = 1 + np.floor(draw(_PAIR_OTHER) * (num_source_rows - 1)).astype(np.int64)
-    other = read_other(np.where(label, (np.asarray(own_indices) + offset) % num_source_rows, -1))
-    other_content = np.maximum((other != tok_lib.PAD_ID).sum(axis=1) - 2, 1)[:, None]
-    # B' starts where B would have, wrapping around a short random row.
-    other_tokens = other[row_idx, 1 + (pos - 2) % other_content]
-    tokens = np.where(label[:, None] & in_second, other_tokens, tokens)
-  paired = np.where(in_first | in_second, tokens,
-                    np.where(pos == 0, tok_lib.CLS_ID,
-                             np.where(is_sep, tok_lib.SEP_ID, tok_lib.PAD_ID)))
-  segments = ((pos >= first + 2) & (pos <= m + 2)).astype(np.int32)
-  keep = ~ok[:, None]
-  return {
-      'input_ids': np.where(keep, input_ids, paired).astype(np.int32),       # [b, T]
-      'segment_ids': np.where(keep, 0, segments).astype(np.int32),          # [b, T]
-      'sentence_pair_labels': label.astype(np.int32),                       # [b]
-      'sentence_pair_weights': ok.astype(np.float32),                       # [b]
-  }
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class BatchBuilder:
   """Source row indices -> a masked batch; pickled into grain's worker processes."""
@@ -172,9 +101,7 @@ class BatchBuilder:
   sentence_pair: str = 'none'
 
   def __post_init__(self):
-    if self.sentence_pair not in SENTENCE_PAIR_TASKS:
-      raise ValueError(f'config.sentence_pair.task={self.sentence_pair!r}: use one of '
-                       f'{SENTENCE_PAIR_TASKS}')
+    one_of('sentence_pair', 'task', self.sentence_pair, sentence_pairs.TASKS)
 
   def __call__(self, indices: np.ndarray, *, step: int | np.ndarray,
                rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -182,7 +109,7 @@ class BatchBuilder:
     input_ids = self.reader(indices)
     if self.sentence_pair == 'none':
       return self.masker(input_ids, seed=self.seed, step=step, rows=rows)
-    pairs = sentence_pairs(input_ids, task=self.sentence_pair, seed=self.seed, step=step,
+    pairs = sentence_pairs.build(input_ids, task=self.sentence_pair, seed=self.seed, step=step,
                            rows=rows, read_other=self.reader, own_indices=indices,
                            num_source_rows=len(self.reader))
     batch = self.masker(pairs['input_ids'], seed=self.seed, step=step, rows=rows)
@@ -280,3 +207,12 @@ def eval_batches(source: Any, masker: masking.Masker, *, global_batch: int, mask
   for b in range(num_batches):
     rows = b * global_batch + process_index * local + np.arange(local)
     yield builder(np.where(rows < n, rows, -1), step=b, rows=rows)
+
+
+def check_config(input_config: ml_collections.ConfigDict) -> None:
+  """ConfigError for an invalid config.input."""
+  require(input_config.worker_count >= 0,
+          f'config.input.worker_count={input_config.worker_count} must be >= 0 '
+          '(0: no worker processes).')
+  require(input_config.prefetch >= 1,
+          f'config.input.prefetch={input_config.prefetch} must be at least 1.')

@@ -33,36 +33,28 @@ workers, the grouping into units, or interruptions.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
 import shutil
 import time
-import zlib
-from collections.abc import Callable
 from collections.abc import Iterator
-from collections.abc import Sequence
 
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 import tqdm
-from tensorflow_datasets.core import file_adapters
 
+from mlm_jax.config_check import require
 from mlm_jax.data import corpus as corpus_lib
+from mlm_jax.data import packing
 from mlm_jax.data import tokenizer as tok_lib
 
 FORMAT_VERSION = 1
-# Texts per sentencepiece encode call.
-_DOCS_PER_CHUNK = 2000
 # Raw ids per array_record shard (rows = this / (4 T)).
 SHARD_BYTES = 64 << 20
-_ROWS_NAME, _ROWS_VERSION = 'mlm_rows', '1.0.0'
-_FILENAME_TEMPLATE = '{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}'
 _SPLITS = ('train', 'validation')
 
 
@@ -103,7 +95,7 @@ class PreparedData:
 
 
 def _rows_dir(data_dir: str) -> str:
-  return os.path.join(data_dir, 'tfds', _ROWS_NAME, _ROWS_VERSION)
+  return os.path.join(data_dir, 'tfds', packing.ROWS_NAME, packing.ROWS_VERSION)
 
 
 def fingerprint(data: ml_collections.ConfigDict, tok: ml_collections.ConfigDict,
@@ -224,92 +216,32 @@ def _open_partial(partial: str, fp: dict) -> None:
 
 
 def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.ConfigDict) -> dict:
+  """The three stages in `out` (DATA_DIR.partial); returns the report. Resumable."""
   data = config.data
   start = time.perf_counter()
   # A corpus of one unit is tokenized here: spawning would cost more than it saves.
   workers = min(data.num_workers or os.cpu_count() or 1, max(1, len(corpus.units)))
-
-  # --- 1. tokenizer -----------------------------------------------------------
-  tokenizer, tokenizer_report = _tokenizer(out, corpus, config)
+  tokenizer, tokenizer_report = _tokenizer(out, corpus, config)                # 1.
   seconds = {'tokenizer': time.perf_counter() - start}
-
-  # --- 2. tokenize the units, in parallel --------------------------------------
-  units_dir = os.path.join(out, 'units')
-  os.makedirs(units_dir, exist_ok=True)
-  _remove_temporaries(units_dir)
-  todo = [(i, u) for i, u in enumerate(corpus.units)
-          if not os.path.isdir(os.path.join(units_dir, f'{i:06d}'))]
-  logging.info('Tokenizing %d of %d units of %s with %d workers', len(todo), len(corpus.units),
-               corpus.name, workers)
-  reader = dataclasses.replace(corpus, units=[], tally=corpus_lib.Tally())
-  init_args = (reader, os.path.join(out, 'tokenizer.model'), data.val_fraction, data.split_seed,
+  init_args = (dataclasses.replace(corpus, units=[], tally=corpus_lib.Tally()),
+               os.path.join(out, 'tokenizer.model'), data.val_fraction, data.split_seed,
                data.seq_len, workers == 1)
-  with _Pool(workers, init_args) as pool:
-    pool.run(_tokenize_unit, [(i, u, units_dir) for i, u in todo], 'tokenize',
-             len(corpus.units))
+  with packing.Pool(workers, init_args) as pool:
+    units_todo = _tokenize_units(out, corpus, pool, workers)                   # 2.
     seconds['tokenize'] = time.perf_counter() - start - sum(seconds.values())
-
-    # --- 3. pack into rows and write the array_record shards, in parallel ----------
-    tally = corpus_lib.Tally()
-    tally.add(corpus.tally.to_json())
-    streams = {s: [] for s in _SPLITS}  # Per unit: (dir, stream length, documents, tokens).
-    for i in range(len(corpus.units)):
-      unit_dir = os.path.join(units_dir, f'{i:06d}')
-      with open(os.path.join(unit_dir, 'tally.json')) as f:
-        tally.add(json.load(f))
-      docs = np.load(os.path.join(unit_dir, 'docs.npz'))
-      for s in _SPLITS:
-        lengths = docs['lengths'][docs['is_val'] == (s == 'validation')]
-        streams[s].append((unit_dir, int(lengths.sum() + len(lengths)), len(lengths),
-                           int(lengths.sum())))
-    stats = {s: _split_stats(streams[s], data.seq_len) for s in _SPLITS}
-    _ensure_splits(stats, corpus, tally)
-
-    rows_dir = _rows_dir(out)
-    tmp_dir = os.path.join(out, 'tmp')
-    counts_dir = os.path.join(out, 'counts')
-    for d in (rows_dir, counts_dir):
-      os.makedirs(d, exist_ok=True)
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    os.makedirs(tmp_dir)
-    rows_per_shard = max(1, SHARD_BYTES // (4 * data.seq_len))
-    tasks, shard_lengths, num_shards = [], {}, 0
-    for s in _SPLITS:
-      rows = stats[s]['rows']
-      n = -(-rows // rows_per_shard)
-      shard_lengths[s] = [min(rows_per_shard, rows - k * rows_per_shard) for k in range(n)]
-      num_shards += n
-      for k in range(n):
-        if not os.path.exists(_shard_path(rows_dir, s, k, n)):
-          tasks.append((s, k, n, k * rows_per_shard, k * rows_per_shard + shard_lengths[s][k],
-                        streams[s], rows_dir, tmp_dir, counts_dir))
-    logging.info('Writing %d of %d shards of rows', len(tasks), num_shards)
-    pool.run(_write_shard, tasks, 'write rows', num_shards)
-
-  counts = np.zeros(tokenizer.vocab_size, np.int64)
-  for k in range(len(shard_lengths['train'])):
-    counts += np.load(os.path.join(counts_dir, f'train-{k:05d}.npy'))
-  split_infos = [tfds.core.SplitInfo(
-      name=s, shard_lengths=shard_lengths[s],
-      num_bytes=sum(os.path.getsize(_shard_path(rows_dir, s, k, len(shard_lengths[s])))
-                    for k in range(len(shard_lengths[s]))),
-      filename_template=_template(rows_dir, s)) for s in _SPLITS]
-  tfds.folder_dataset.write_metadata(
-      data_dir=rows_dir, features=_features(data.seq_len), split_infos=split_infos,
-      filename_template=_FILENAME_TEMPLATE, check_data=False,
-      description='Packed [CLS] ... [SEP] rows of sentencepiece ids.')
-  for d in (units_dir, counts_dir, tmp_dir):
-    shutil.rmtree(d)
-  os.remove(os.path.join(out, 'tokenizer.json'))  # Kept in the report.
+    tally, streams, stats = _read_units(out, corpus, data.seq_len)
+    shard_lengths, shards_todo = _write_rows(out, pool, streams, stats, data.seq_len)  # 3.
+  counts = _finish_rows(out, shard_lengths, tokenizer.vocab_size, data.seq_len)
   seconds['write'] = time.perf_counter() - start - sum(seconds.values())
+  num_shards = sum(len(v) for v in shard_lengths.values())
   report = {
       'corpus': corpus.name,
       'splits': stats,
       'inputs': tally.to_json(),
       'tokenizer': tokenizer_report,
       'work': {'workers': workers, 'units': len(corpus.units),
-               'units_reused': len(corpus.units) - len(todo), 'shards': num_shards,
-               'shards_reused': num_shards - len(tasks),
+               'units_reused': len(corpus.units) - units_todo, 'shards': num_shards,
+               'shards_reused': num_shards - shards_todo,
                'seconds': round(time.perf_counter() - start, 2),
                'stage_seconds': {k: round(v, 2) for k, v in seconds.items()}},
   }
@@ -322,6 +254,89 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Co
     with open(os.path.join(out, 'partial.json')) as marker:
       f.write(marker.read())
   return report
+
+
+def _tokenize_units(out: str, corpus: corpus_lib.Corpus, pool: packing.Pool,
+                    workers: int) -> int:
+  """Stage 2: out/units/NNNNNN/ for every unit not done yet; returns how many were to do."""
+  units_dir = os.path.join(out, 'units')
+  os.makedirs(units_dir, exist_ok=True)
+  packing.remove_temporaries(units_dir)
+  todo = [(i, u) for i, u in enumerate(corpus.units)
+          if not os.path.isdir(os.path.join(units_dir, f'{i:06d}'))]
+  logging.info('Tokenizing %d of %d units of %s with %d workers', len(todo), len(corpus.units),
+               corpus.name, workers)
+  pool.run(packing.tokenize_unit, [(i, u, units_dir) for i, u in todo], 'tokenize',
+           len(corpus.units))
+  return len(todo)
+
+
+def _read_units(out: str, corpus: corpus_lib.Corpus,
+                seq_len: int) -> tuple[corpus_lib.Tally, dict, dict]:
+  """(tally of all inputs, per split the units' streams, per split stats)."""
+  tally = corpus_lib.Tally()
+  tally.add(corpus.tally.to_json())
+  streams = {s: [] for s in _SPLITS}  # Per unit: (dir, stream length, documents, tokens).
+  for i in range(len(corpus.units)):
+    unit_dir = os.path.join(out, 'units', f'{i:06d}')
+    with open(os.path.join(unit_dir, 'tally.json')) as f:
+      tally.add(json.load(f))
+    docs = np.load(os.path.join(unit_dir, 'docs.npz'))
+    for s in _SPLITS:
+      lengths = docs['lengths'][docs['is_val'] == (s == 'validation')]
+      streams[s].append((unit_dir, int(lengths.sum() + len(lengths)), len(lengths),
+                         int(lengths.sum())))
+  stats = {s: packing.split_stats(streams[s], seq_len) for s in _SPLITS}
+  _ensure_splits(stats, corpus, tally)
+  return tally, streams, stats
+
+
+def _write_rows(out: str, pool: packing.Pool, streams: dict, stats: dict,
+                seq_len: int) -> tuple[dict[str, list[int]], int]:
+  """Stage 3: every array_record shard not written yet; (rows per shard by split, to do)."""
+  rows_dir = _rows_dir(out)
+  tmp_dir = os.path.join(out, 'tmp')
+  counts_dir = os.path.join(out, 'counts')
+  for d in (rows_dir, counts_dir):
+    os.makedirs(d, exist_ok=True)
+  shutil.rmtree(tmp_dir, ignore_errors=True)
+  os.makedirs(tmp_dir)
+  rows_per_shard = max(1, SHARD_BYTES // (4 * seq_len))
+  tasks, shard_lengths = [], {}
+  for s in _SPLITS:
+    rows = stats[s]['rows']
+    n = -(-rows // rows_per_shard)
+    shard_lengths[s] = [min(rows_per_shard, rows - k * rows_per_shard) for k in range(n)]
+    for k in range(n):
+      if not os.path.exists(packing.shard_path(rows_dir, s, k, n)):
+        tasks.append((s, k, n, k * rows_per_shard, k * rows_per_shard + shard_lengths[s][k],
+                      streams[s], rows_dir, tmp_dir, counts_dir))
+  num_shards = sum(len(v) for v in shard_lengths.values())
+  logging.info('Writing %d of %d shards of rows', len(tasks), num_shards)
+  pool.run(packing.write_shard, tasks, 'write rows', num_shards)
+  return shard_lengths, len(tasks)
+
+
+def _finish_rows(out: str, shard_lengths: dict[str, list[int]], vocab_size: int,
+                 seq_len: int) -> np.ndarray:
+  """The tfds metadata of the rows; returns the train split's token counts [vocab]."""
+  rows_dir, counts_dir = _rows_dir(out), os.path.join(out, 'counts')
+  counts = np.zeros(vocab_size, np.int64)
+  for k in range(len(shard_lengths['train'])):
+    counts += np.load(os.path.join(counts_dir, f'train-{k:05d}.npy'))
+  split_infos = [tfds.core.SplitInfo(
+      name=s, shard_lengths=shard_lengths[s],
+      num_bytes=sum(os.path.getsize(packing.shard_path(rows_dir, s, k, len(shard_lengths[s])))
+                    for k in range(len(shard_lengths[s]))),
+      filename_template=packing.template(rows_dir, s)) for s in _SPLITS]
+  tfds.folder_dataset.write_metadata(
+      data_dir=rows_dir, features=packing.features(seq_len), split_infos=split_infos,
+      filename_template=packing.FILENAME_TEMPLATE, check_data=False,
+      description='Packed [CLS] ... [SEP] rows of sentencepiece ids.')
+  for name in ('units', 'counts', 'tmp'):
+    shutil.rmtree(os.path.join(out, name))
+  os.remove(os.path.join(out, 'tokenizer.json'))  # Kept in the report.
+  return counts
 
 
 def format_report(report: dict, data_dir: str) -> str:
@@ -398,7 +413,7 @@ def _train_lines(corpus: corpus_lib.Corpus, data: ml_collections.ConfigDict,
     for first, piece in corpus.pieces(unit, tally):
       piece = tok_lib.sanitize(piece)
       if first:
-        is_val = _is_validation(piece, data.val_fraction, data.split_seed)
+        is_val = packing.is_validation(piece, data.val_fraction, data.split_seed)
       if not is_val:
         for line in piece.splitlines():
           if line := line.strip():
@@ -415,12 +430,6 @@ def _raise_no_text(corpus: corpus_lib.Corpus, tally: corpus_lib.Tally):
       + '. Check config.data.corpus / config.data.tfds_name.')
 
 
-def _is_validation(text: str, fraction: float, seed: int) -> bool:
-  """A stable, content-keyed coin flip per document (keyed by its first piece)."""
-  h = zlib.crc32(text.encode('utf-8', 'replace'), zlib.crc32(str(seed).encode()))
-  return h / 2**32 < fraction
-
-
 def _ensure_splits(stats: dict, corpus: corpus_lib.Corpus, tally: corpus_lib.Tally) -> None:
   if stats['train']['rows'] == 0:
     _raise_no_text(corpus, tally)
@@ -431,190 +440,15 @@ def _ensure_splits(stats: dict, corpus: corpus_lib.Corpus, tally: corpus_lib.Tal
         "val_fraction, or add documents (document_split='blank_line' makes one per paragraph).")
 
 
-# ------------------------------------------------------------------ workers
-
-# Per worker process: what _init_worker was given, and the loaded tokenizer.
-_WORKER: dict = {}
+# The shortest row: [CLS], two tokens, [SEP].
+MIN_SEQ_LEN = 4
 
 
-def _init_worker(reader: corpus_lib.Corpus, model_path: str, val_fraction: float,
-                 split_seed: int, seq_len: int, all_threads: bool) -> None:
-  _WORKER.update(reader=reader, tokenizer=tok_lib.Tokenizer(model_path),
-                 val=(val_fraction, split_seed), seq_len=seq_len,
-                 threads=0 if all_threads else 1)
-
-
-class _Pool:
-  """`workers` spawned processes (or this one, for 1) that run tasks with a progress bar."""
-
-  def __init__(self, workers: int, init_args: tuple):
-    self._workers, self._init_args, self._executor = workers, init_args, None
-
-  def __enter__(self) -> _Pool:
-    if self._workers == 1:
-      _init_worker(*self._init_args)
-    else:
-      # Spawned, not forked: the caller may have started JAX's threads.
-      self._executor = concurrent.futures.ProcessPoolExecutor(
-          self._workers, mp_context=multiprocessing.get_context('spawn'),
-          initializer=_init_worker, initargs=self._init_args)
-    return self
-
-  def __exit__(self, *exc) -> None:
-    if self._executor is not None:
-      self._executor.shutdown(wait=True, cancel_futures=True)
-
-  def run(self, fn: Callable, tasks: Sequence[tuple], desc: str, total: int) -> None:
-    bar = tqdm.tqdm(total=total, initial=total - len(tasks), desc=desc, unit='task',
-                    mininterval=2)
-    with bar:
-      if self._executor is None:
-        for task in tasks:
-          fn(*task)
-          bar.update()
-        return
-      futures = [self._executor.submit(fn, *task) for task in tasks]
-      for future in concurrent.futures.as_completed(futures):
-        future.result()  # Re-raises a worker's exception here.
-        bar.update()
-
-
-def _remove_temporaries(directory: str) -> None:
-  """Leftovers of interrupted writers (our own names only)."""
-  for name in os.listdir(directory):
-    if '.tmp-' in name:
-      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
-
-
-def _tokenize_unit(index: int, unit: corpus_lib.Unit, units_dir: str) -> None:
-  """Writes units_dir/NNNNNN/: ids.bin (int32 ids of all documents), docs.npz, tally.json."""
-  reader, tokenizer = _WORKER['reader'], _WORKER['tokenizer']
-  final = os.path.join(units_dir, f'{index:06d}')
-  tmp = f'{final}.tmp-{os.getpid()}'
-  shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
-  tally = corpus_lib.Tally()
-  lengths: list[int] = []
-  is_val: list[bool] = []
-  texts: list[str] = []
-  owners: list[int] = []
-  with open(os.path.join(tmp, 'ids.bin'), 'wb') as f:
-
-    def flush():
-      for doc, ids in zip(owners, tokenizer.encode(texts, num_threads=_WORKER['threads'])):
-        lengths[doc] += len(ids)
-        f.write(np.asarray(ids, np.int32).tobytes())
-      texts.clear()
-      owners.clear()
-
-    chars = 0
-    for first, piece in reader.pieces(unit, tally):
-      piece = tok_lib.sanitize(piece)
-      if first:
-        lengths.append(0)
-        is_val.append(_is_validation(piece, *_WORKER['val']))
-      texts.append(piece)
-      owners.append(len(lengths) - 1)
-      chars += len(piece)
-      if len(texts) >= _DOCS_PER_CHUNK or chars >= 4 * corpus_lib.PIECE_CHARS:
-        flush()
-        chars = 0
-    flush()
-  lengths_np = np.asarray(lengths, np.int64)
-  keep = lengths_np > 0  # A document of no ids (e.g. only stripped markup) adds nothing.
-  np.savez(os.path.join(tmp, 'docs.npz'), lengths=lengths_np[keep],
-           is_val=np.asarray(is_val, bool)[keep])
-  with open(os.path.join(tmp, 'tally.json'), 'w') as f:
-    json.dump(tally.to_json(), f)
-  try:
-    os.rename(tmp, final)
-  except OSError:  # Another run finished it first: same content.
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
-# ------------------------------------------------------------------ stage 3: rows
-
-
-def _split_stats(stream: list[tuple[str, int, int, int]], seq_len: int) -> dict:
-  """Documents, tokens, rows and padding of a split, from its units' stream lengths."""
-  content = seq_len - 2
-  length = sum(n for _, n, _, _ in stream)  # Every document + its [SEP].
-  # The final [SEP] is dropped unless it fills the last row; a rest is padded.
-  rest = length % content
-  rows = length // content + (rest > 1)
-  padding = content - (rest - 1) if rest > 1 else 0
-  total = rows * seq_len
-  return {'documents': sum(d for *_, d, _ in stream), 'tokens': sum(t for *_, t in stream),
-          'rows': rows, 'padding_fraction': padding / total if total else 0.0}
-
-
-def _unit_stream(unit_dir: str, validation: bool, lo: int, hi: int) -> np.ndarray:
-  """[hi - lo] int32: positions [lo, hi) of the unit's `doc [SEP] doc [SEP] ...` for a split."""
-  docs = np.load(os.path.join(unit_dir, 'docs.npz'))
-  lengths = docs['lengths']
-  starts = np.cumsum(lengths) - lengths  # In ids.bin.
-  sel = np.flatnonzero(docs['is_val'] == validation)
-  lens = lengths[sel] + 1
-  ends = np.cumsum(lens)
-  first, last = np.searchsorted(ends, lo, 'right'), np.searchsorted(ends - lens, hi, 'left')
-  sel, lens, ends = sel[first:last], lens[first:last], ends[first:last]
-  if not len(sel):
-    return np.zeros(0, np.int32)
-  begins = ends - lens
-  base = begins[0]
-  pos = np.arange(lens.sum()) + np.repeat(starts[sel] - (begins - base), lens)
-  seps = ends - 1 - base
-  pos[seps] = 0  # Any valid index; overwritten below.
-  out = np.asarray(np.memmap(os.path.join(unit_dir, 'ids.bin'), np.int32, 'r')[pos])
-  out[seps] = tok_lib.SEP_ID
-  return out[lo - base:hi - base]
-
-
-def _write_shard(split: str, k: int, num_shards: int, r0: int, r1: int,
-                 stream: list[tuple[str, int, int, int]], rows_dir: str, tmp_dir: str,
-                 counts_dir: str) -> None:
-  """Writes rows [r0, r1) of a split as shard k (and, for train, its token counts)."""
-  seq_len = _WORKER['seq_len']
-  content = seq_len - 2
-  length = sum(n for _, n, _, _ in stream)
-  a, b = r0 * content, min(r1 * content, length)
-  parts, offset = [], 0
-  for unit_dir, n, _, _ in stream:
-    lo, hi = max(a, offset) - offset, min(b, offset + n) - offset
-    if lo < hi:
-      parts.append(_unit_stream(unit_dir, split == 'validation', lo, hi))
-    offset += n
-  flat = np.full((r1 - r0) * content, tok_lib.PAD_ID, np.int32)
-  flat[:b - a] = np.concatenate(parts)
-  if length % content and a <= length - 1 < b:
-    flat[length - 1 - a] = tok_lib.PAD_ID  # The last document's [SEP] is the row's own.
-  body = flat.reshape(-1, content)
-  rows = np.concatenate([np.full((len(body), 1), tok_lib.CLS_ID, np.int32), body,
-                         np.full((len(body), 1), tok_lib.SEP_ID, np.int32)], axis=1)
-  if split == 'train':
-    counts = np.bincount(body.ravel(), minlength=_WORKER['tokenizer'].vocab_size)
-    counts[[tok_lib.PAD_ID, tok_lib.SEP_ID]] = 0  # Documents never hold either.
-    tmp = os.path.join(tmp_dir, f'counts-{k:05d}.npy')
-    np.save(tmp, counts.astype(np.int64))
-    os.replace(tmp, os.path.join(counts_dir, f'train-{k:05d}.npy'))
-  features = _features(seq_len)
-  tmp = os.path.join(tmp_dir, f'{split}-{k:05d}-{os.getpid()}')
-  file_adapters.ArrayRecordFileAdapter.write_examples(
-      tmp, ((i, features.serialize_example({'input_ids': row})) for i, row in enumerate(rows)))
-  os.replace(tmp, _shard_path(rows_dir, split, k, num_shards))  # Complete, or absent.
-
-
-def _features(seq_len: int) -> tfds.features.FeaturesDict:
-  return tfds.features.FeaturesDict({
-      'input_ids': tfds.features.Tensor(shape=(seq_len,), dtype=np.int32)})
-
-
-def _template(rows_dir: str, split: str) -> tfds.core.ShardedFileTemplate:
-  return tfds.core.ShardedFileTemplate(
-      data_dir=rows_dir, template=_FILENAME_TEMPLATE, dataset_name=_ROWS_NAME, split=split,
-      filetype_suffix='array_record')
-
-
-def _shard_path(rows_dir: str, split: str, k: int, num_shards: int) -> str:
-  return os.fspath(_template(rows_dir, split).sharded_filepath(shard_index=k,
-                                                               num_shards=num_shards))
+def check_config(data: ml_collections.ConfigDict) -> None:
+  """ConfigError for an invalid packing or split setting in config.data."""
+  require(data.seq_len >= MIN_SEQ_LEN,
+          f'config.data.seq_len={data.seq_len} must be at least {MIN_SEQ_LEN}.')
+  require(0.0 < data.val_fraction < 1.0,
+          f'config.data.val_fraction={data.val_fraction} must be in (0, 1).')
+  require(data.num_workers >= 0,
+          f'config.data.num_workers={data.num_workers} must be >= 0 (0: one per core).')

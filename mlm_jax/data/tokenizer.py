@@ -14,8 +14,12 @@ import random
 from collections.abc import Iterable
 from collections.abc import Sequence
 
+import ml_collections
 import numpy as np
 import sentencepiece as spm
+
+from mlm_jax.config_check import one_of
+from mlm_jax.config_check import require
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
@@ -25,6 +29,10 @@ SPECIAL_IDS = (PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID)
 _LITERAL_SPECIALS = {tok: tok[1:-1] for tok in SPECIAL_TOKENS}
 # Sentencepiece's own limit (its default): longer training lines are ignored.
 MAX_SENTENCE_BYTES = 4192
+# Sentencepiece model types (config.tokenizer.model_type).
+MODEL_TYPES = ('unigram', 'bpe')
+# The special tokens, 256 byte-fallback pieces, and room for some words.
+MIN_VOCAB_SIZE = 300
 
 
 def padded_vocab_size(vocab_size: int, multiple: int = 128) -> int:
@@ -171,3 +179,17 @@ def train_tokenizer(lines: Iterable[str], model_path: str, *, vocab_size: int,
   if os.path.exists(vocab_file):
     os.remove(vocab_file)
   return Tokenizer(model_path)
+
+
+def check_config(tok: ml_collections.ConfigDict, check_paths: bool = True) -> None:
+  """ConfigError for an invalid config.tokenizer (and, if asked, a missing model file)."""
+  require(tok.vocab_size >= MIN_VOCAB_SIZE,
+          f'config.tokenizer.vocab_size={tok.vocab_size} is too small: it must hold the '
+          f'{len(SPECIAL_TOKENS)} special tokens and 256 byte-fallback pieces; use at least '
+          f'{MIN_VOCAB_SIZE}.')
+  one_of('tokenizer', 'model_type', tok.model_type, MODEL_TYPES)
+  require(tok.max_sentences > 0, 'config.tokenizer.max_sentences must be positive.')
+  require(not check_paths or not tok.model_file
+          or os.path.isfile(os.path.expanduser(tok.model_file)),
+          f'config.tokenizer.model_file={tok.model_file!r}: no such file. Give the path of a '
+          "sentencepiece model written by mlm_jax (WORKDIR/tokenizer.model), or '' to train one.")

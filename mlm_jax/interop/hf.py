@@ -32,10 +32,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
+from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
-from mlm_jax.model import bert as model_lib
 
 Params = dict[str, Any]
 INSTALL_HINT = "pip install -e '.[interop]'"
@@ -78,8 +79,14 @@ def to_hf_config(cfg: model_lib.ModelConfig) -> dict[str, Any]:
   }
 
 
-def from_hf_config(hf: dict[str, Any], dtype: Any = jnp.float32) -> model_lib.ModelConfig:
-  """A `BertConfig` dict -> our ModelConfig; refuses what our encoder does not compute."""
+def from_hf_config(hf: dict[str, Any], model: ml_collections.ConfigDict,
+                   dtype: Any = jnp.float32) -> model_lib.ModelConfig:
+  """A `BertConfig` dict -> our ModelConfig; refuses what our encoder does not compute.
+
+  The shape and the numbers of the saved model come from `hf` (Hugging
+  Face's own defaults where it leaves a key out); how we run it (attention
+  kernel, scan, remat, DropToken) from `model`, a config.model section.
+  """
   unsupported = {
       'hidden_act': (hf.get('hidden_act', 'gelu'), ('gelu',)),
       'position_embedding_type': (hf.get('position_embedding_type', 'absolute'), ('absolute',)),
@@ -92,6 +99,8 @@ def from_hf_config(hf: dict[str, Any], dtype: Any = jnp.float32) -> model_lib.Mo
   return model_lib.ModelConfig(
       vocab_size=hf['vocab_size'],
       padded_vocab_size=tok_lib.padded_vocab_size(hf['vocab_size']),
+      attention=model.attention, scan_layers=model.scan_layers, remat=model.remat,
+      drop_token_rate=model.drop_token_rate,
       num_layers=hf['num_hidden_layers'],
       hidden_size=hf['hidden_size'],
       num_heads=hf['num_attention_heads'],
@@ -105,9 +114,10 @@ def from_hf_config(hf: dict[str, Any], dtype: Any = jnp.float32) -> model_lib.Mo
       dtype=dtype)
 
 
-def load_hf_config(hf_dir: str, dtype: Any = jnp.float32) -> model_lib.ModelConfig:
+def load_hf_config(hf_dir: str, model: ml_collections.ConfigDict,
+                   dtype: Any = jnp.float32) -> model_lib.ModelConfig:
   with open(os.path.join(hf_dir, 'config.json')) as f:
-    return from_hf_config(json.load(f), dtype)
+    return from_hf_config(json.load(f), model, dtype)
 
 
 # ------------------------------------------------------------------ weights

@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable
+from collections.abc import Collection
+from collections.abc import Sequence
 
 from mlm_jax.launch import runner
 

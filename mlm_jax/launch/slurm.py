@@ -13,7 +13,8 @@ import dataclasses
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 
 from mlm_jax.launch import cli
 from mlm_jax.launch import runner

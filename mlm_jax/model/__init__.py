@@ -1,1 +1,24 @@
-"""Flax Linen encoders and the MLM head: pure functions of (params, batch); logical axis names, no configs files or data."""
+"""Flax Linen encoders and the MLM head: pure functions of (params, batch); logical axis
+names, no configs files or data.
+
+  config.py   ModelConfig, the allowed values of config.model and their checks
+  layers.py   initialisers, LayerNorm, GELU, self-attention
+  heads.py    the MLM head (gathered masked slots, tied embedding) and NSP/SOP
+  bert.py     the post-LN BERT encoder and BertForMLM
+"""
+
+from mlm_jax.model.bert import BertForMLM
+from mlm_jax.model.bert import drop_tokens
+from mlm_jax.model.bert import stack_layers
+from mlm_jax.model.bert import unstack_layers
+from mlm_jax.model.config import STRUCTURE_DEFAULTS
+from mlm_jax.model.config import ModelConfig
+from mlm_jax.model.config import compute_dtype
+from mlm_jax.model.config import resolve_attention
+from mlm_jax.model.layers import gelu
+from mlm_jax.model.layers import softmax_attention
+from mlm_jax.model.layers import uses_cudnn_attention
+
+__all__ = ['BertForMLM', 'ModelConfig', 'STRUCTURE_DEFAULTS', 'compute_dtype', 'drop_tokens', 'gelu',
+           'resolve_attention', 'softmax_attention', 'stack_layers', 'unstack_layers',
+           'uses_cudnn_attention']

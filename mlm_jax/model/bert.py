@@ -1,106 +1,32 @@
-"""BERT encoder and MLM head as Flax Linen modules.
+"""BERT: the original post-LayerNorm encoder, with the MLM head (and optionally NSP/SOP).
 
-Shapes: B batch, T sequence length, P masked slots per row, d hidden size,
-N heads, H = d / N head size, V padded vocabulary.
-
-The encoder is the original post-LayerNorm BERT; the MLM head follows
-keras_nlp's MLMHead: gather the encoder output at the masked positions only,
-then dense + GELU + LayerNorm and a projection tied to the token embedding
-(plus a bias). No logits are computed for unmasked positions.
+The MLM head follows keras_nlp's MLMHead: gather the encoder output at the
+masked positions only, then dense + GELU + LayerNorm and a projection tied to
+the token embedding (plus a bias). No logits are computed for unmasked
+positions. Shapes: see mlm_jax/model/config.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-Array = jax.Array
-
-
-# Options that change the parameter tree, with the value that a checkpoint
-# written before the option existed implies.
-STRUCTURE_DEFAULTS = {'scan_layers': False, 'sentence_pair_head': False}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  vocab_size: int            # Real vocabulary (tokenizer size).
-  padded_vocab_size: int     # Embedding rows: vocab_size rounded up to 128.
-  num_layers: int = 12
-  hidden_size: int = 768
-  num_heads: int = 12
-  intermediate_size: int = 3072
-  max_position_embeddings: int = 512
-  type_vocab_size: int = 2
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1
-  initializer_range: float = 0.02
-  layer_norm_eps: float = 1e-12
-  dtype: Any = jnp.float32   # Compute dtype; parameters are always float32.
-  attention: str = 'auto'    # 'auto' | 'xla' | 'cudnn' (fused; GPU, bf16/fp16).
-  scan_layers: bool = False  # One nn.scan over the blocks (params stacked).
-  remat: str = 'none'        # 'none' | 'dots' | 'full': what a block keeps for backward.
-  drop_token_rate: float = 0.0     # Training only: unmasked tokens dropped from the input.
-  sentence_pair_head: bool = False  # Pooler + 2-way classifier on [CLS] (NSP/SOP).
-  # Where activations keep their batch axis (the trainer's batch sharding, see
-  # sharding.batch_sharding); None: no constraint (a model used on one device).
-  batch_sharding: Any = None
-
-  def batch_split(self, x: Array) -> Array:
-    """x [B, ...] constrained to keep its batch axis split like the input batch."""
-    if self.batch_sharding is None:
-      return x
-    return jax.lax.with_sharding_constraint(x, self.batch_sharding)
-
-  def shape_record(self) -> dict[str, Any]:
-    """What a checkpoint's parameters must agree with to be loaded into this model."""
-    return {k: getattr(self, k) for k in (
-        'vocab_size', 'padded_vocab_size', 'num_layers', 'hidden_size', 'num_heads',
-        'intermediate_size', 'max_position_embeddings', 'type_vocab_size',
-        *STRUCTURE_DEFAULTS)}
-
-  @classmethod
-  def from_config(cls, model_config, vocab_size: int, padded_vocab_size: int,
-                  dtype: Any, **overrides) -> 'ModelConfig':
-    """From config.model (fields it lacks, e.g. in an older run's config.json, keep defaults)."""
-    fields = {f.name for f in dataclasses.fields(cls)} - {'vocab_size', 'padded_vocab_size', 'dtype'}
-    given = {k: model_config[k] for k in fields if k in model_config}
-    return cls(vocab_size=vocab_size, padded_vocab_size=padded_vocab_size, dtype=dtype,
-               **(given | overrides))
-
-
-# Logical names of parameter axes; sharding.LOGICAL_RULES maps them onto the
-# mesh ('embed' onto 'fsdp'), so the model never names a mesh axis itself.
-EMBED, MLP, HEADS, KV, VOCAB, TABLE = 'embed', 'mlp', 'heads', 'kv', 'vocab', 'table'
-
-
-def _dense_init(cfg: ModelConfig, names: tuple[str, ...]):
-  return nn.with_logical_partitioning(nn.initializers.truncated_normal(cfg.initializer_range), names)
-
-
-def _zeros(names: tuple[str, ...]):
-  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
-
-
-def _layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, name=name,
-                      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (EMBED,)),
-                      bias_init=_zeros((EMBED,)))
-
-
-def _gelu(x: Array) -> Array:
-  """BERT's exact GELU, x·Φ(x), written with erf as PyTorch does.
-
-  Same function as jax.nn.gelu(approximate=False), which uses erfc; in the
-  tiny config's train step on a 2-core CPU this form made each block's
-  forward+backward ~1.5x faster (together with the attention below).
-  """
-  return 0.5 * x * (1.0 + jax.lax.erf(x * (1.0 / math.sqrt(2.0))))
+from mlm_jax.model.config import Array
+from mlm_jax.model.config import ModelConfig
+from mlm_jax.model.heads import MLMHead
+from mlm_jax.model.heads import SentencePairHead
+from mlm_jax.model.layers import EMBED
+from mlm_jax.model.layers import MLP
+from mlm_jax.model.layers import TABLE
+from mlm_jax.model.layers import VOCAB
+from mlm_jax.model.layers import SelfAttention
+from mlm_jax.model.layers import dense_init
+from mlm_jax.model.layers import gelu
+from mlm_jax.model.layers import layer_norm
+from mlm_jax.model.layers import zeros
 
 
 class Embeddings(nn.Module):
@@ -116,90 +42,18 @@ class Embeddings(nn.Module):
     """
     cfg = self.cfg
     token_table = nn.Embed(cfg.padded_vocab_size, cfg.hidden_size,
-                           embedding_init=_dense_init(cfg, (VOCAB, EMBED)), name='token')
+                           embedding_init=dense_init(cfg, (VOCAB, EMBED)), name='token')
     x = token_table(input_ids)
     position_table = nn.Embed(cfg.max_position_embeddings, cfg.hidden_size,
-                              embedding_init=_dense_init(cfg, (TABLE, EMBED)), name='position')
+                              embedding_init=dense_init(cfg, (TABLE, EMBED)), name='position')
     if positions is None:
       x += position_table.embedding[:input_ids.shape[1]].astype(x.dtype)
     else:
       x += position_table(positions)
     x += nn.Embed(cfg.type_vocab_size, cfg.hidden_size,
-                  embedding_init=_dense_init(cfg, (TABLE, EMBED)), name='segment')(segment_ids)
-    x = _layer_norm(cfg, 'layer_norm')(cfg.batch_split(x))
+                  embedding_init=dense_init(cfg, (TABLE, EMBED)), name='segment')(segment_ids)
+    x = layer_norm(cfg, 'layer_norm')(cfg.batch_split(x))
     return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
-
-
-def resolve_attention(attention: str, platform: str, dtype: Any,
-                      attention_dropout_rate: float = 0.0) -> str:
-  """config.model.attention for a platform: 'xla' or 'cudnn'.
-
-  'auto' is cuDNN's fused (flash) kernel on NVIDIA GPUs in 16-bit when
-  training has no attention dropout (the fused call has none), else XLA.
-  """
-  if attention != 'auto':
-    return attention
-  fused = (platform == 'gpu' and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-           and attention_dropout_rate == 0.0)
-  return 'cudnn' if fused else 'xla'
-
-
-def uses_cudnn_attention(cfg: ModelConfig) -> bool:
-  """The fused cuDNN (flash) kernel: asked for, or 'auto' resolved to it on this backend."""
-  return resolve_attention(cfg.attention, jax.default_backend(), cfg.dtype,
-                           cfg.attention_dropout_rate) == 'cudnn'
-
-
-
-def softmax_attention(q: Array, k: Array, v: Array, key_mask: Array,
-                      dropout=lambda w: w) -> Array:
-  """softmax(q·kᵀ/√H, keys masked)·v for q, k, v [B, T, N, H] and key_mask [B, T] -> [B, T, N, H].
-
-  The queries are scaled (not the [B, N, T, T] scores), masked keys get a
-  large negative bias, and the unnormalised weights exp(s - max s) meet v
-  before the division by their sum: one pass less over the scores than
-  softmax-then-product, in both directions. `dropout` acts on those weights,
-  which is dropout on the probabilities (it commutes with the division).
-  The max is a constant to differentiation (softmax does not depend on it).
-  Scores, weights and sums are float32 whatever the compute dtype.
-  """
-  scores = jnp.einsum('bqnh,bknh->bnqk', q * (1.0 / math.sqrt(q.shape[-1])), k)
-  scores = scores.astype(jnp.float32) + jnp.where(key_mask, 0.0, -1e9)[:, None, None, :]
-  weights = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
-  total = jnp.swapaxes(jnp.sum(weights, axis=-1), 1, 2)[..., None]       # [B, T, N, 1]
-  out = jnp.einsum('bnqk,bknh->bqnh', dropout(weights).astype(v.dtype), v)
-  return (out.astype(jnp.float32) / total).astype(v.dtype)
-
-
-class SelfAttention(nn.Module):
-  cfg: ModelConfig
-
-  @nn.compact
-  def __call__(self, x: Array, key_mask: Array, deterministic: bool) -> Array:
-    """x: [B, T, d], key_mask: [B, T] bool (True = real token) -> [B, T, d].
-
-    Real tokens come first in every row and padding last, so the mask is also
-    a length per row: the fused cuDNN kernel takes those lengths rather than
-    a dense [B, 1, T, T] mask (slow there). Attention-probability dropout is
-    not in jax.nn.dot_product_attention: with it, training takes the XLA path.
-    """
-    cfg = self.cfg
-    head_dim = cfg.hidden_size // cfg.num_heads
-    proj = lambda name: nn.DenseGeneral(
-        (cfg.num_heads, head_dim), dtype=cfg.dtype, kernel_init=_dense_init(cfg, (EMBED, HEADS, KV)),
-        bias_init=_zeros((HEADS, KV)), name=name)
-    q, k, v = (cfg.batch_split(proj(name)(x)) for name in ('query', 'key', 'value'))  # [B, T, N, H]
-    dropout = 0.0 if deterministic else cfg.attention_dropout_rate
-    if dropout == 0.0 and uses_cudnn_attention(cfg):
-      lengths = jnp.sum(key_mask, axis=-1, dtype=jnp.int32)
-      out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
-                                         implementation='cudnn')
-    else:
-      out = softmax_attention(q, k, v, key_mask,
-                              lambda w: nn.Dropout(dropout)(w, deterministic=dropout == 0.0))
-    return nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), dtype=cfg.dtype,
-                           kernel_init=_dense_init(cfg, (HEADS, KV, EMBED)),
-                           bias_init=_zeros((EMBED,)), name='out')(out)
 
 
 class TransformerBlock(nn.Module):
@@ -211,16 +65,16 @@ class TransformerBlock(nn.Module):
   def __call__(self, x: Array, key_mask: Array, deterministic: bool) -> Array:
     cfg = self.cfg
     dense = lambda features, names, name: nn.Dense(
-        features, dtype=cfg.dtype, kernel_init=_dense_init(cfg, names),
-        bias_init=_zeros(names[-1:]), name=name)
+        features, dtype=cfg.dtype, kernel_init=dense_init(cfg, names),
+        bias_init=zeros(names[-1:]), name=name)
     x = cfg.batch_split(x)
     h = SelfAttention(cfg, name='attention')(x, key_mask, deterministic)
     h = nn.Dropout(cfg.dropout_rate)(cfg.batch_split(h), deterministic=deterministic)
-    x = _layer_norm(cfg, 'attention_layer_norm')(x + h)
-    h = _gelu(cfg.batch_split(dense(cfg.intermediate_size, (EMBED, MLP), 'intermediate')(x)))
+    x = layer_norm(cfg, 'attention_layer_norm')(x + h)
+    h = gelu(cfg.batch_split(dense(cfg.intermediate_size, (EMBED, MLP), 'intermediate')(x)))
     h = dense(cfg.hidden_size, (MLP, EMBED), 'output')(h)                   # h: [B, T, d_ff] above
     h = nn.Dropout(cfg.dropout_rate)(cfg.batch_split(h), deterministic=deterministic)
-    return cfg.batch_split(_layer_norm(cfg, 'output_layer_norm')(x + h))
+    return cfg.batch_split(layer_norm(cfg, 'output_layer_norm')(x + h))
 
 
 _REMAT_POLICIES = {
@@ -321,45 +175,6 @@ def drop_tokens(batch: dict[str, Array], rate: float, rng: Array) -> dict[str, A
   return {'input_ids': gather(batch['input_ids']), 'segment_ids': gather(batch['segment_ids']),
           'attention_mask': gather(batch['attention_mask']), 'positions': kept,
           'masked_positions': jnp.take_along_axis(new_index, batch['masked_positions'], axis=1)}
-
-
-class MLMHead(nn.Module):
-  """Gather at masked positions -> dense + GELU + LayerNorm -> tied logits."""
-
-  cfg: ModelConfig
-
-  @nn.compact
-  def __call__(self, sequence: Array, masked_positions: Array, embedding: Array) -> Array:
-    """sequence [B, T, d], masked_positions [B, P], embedding [V, d] -> logits [B, P, V]."""
-    cfg = self.cfg
-    x = cfg.batch_split(jnp.take_along_axis(sequence, masked_positions[..., None], axis=1))  # [B, P, d]
-    x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=_dense_init(cfg, (EMBED, MLP)),
-                 bias_init=_zeros((MLP,)), name='transform')(x)
-    x = _layer_norm(cfg, 'layer_norm')(_gelu(x))
-    bias = self.param('output_bias', _zeros((VOCAB,)), (cfg.padded_vocab_size,))
-    logits = jnp.einsum('bpd,vd->bpv', x, embedding.astype(cfg.dtype))
-    logits = logits.astype(jnp.float32) + bias
-    if cfg.padded_vocab_size > cfg.vocab_size:
-      # Rows past the tokenizer's vocabulary exist only for alignment.
-      real = jnp.arange(cfg.padded_vocab_size) < cfg.vocab_size
-      logits = jnp.where(real, logits, -1e9)
-    return logits
-
-
-class SentencePairHead(nn.Module):
-  """BERT's pooler (dense + tanh on [CLS]) and a 2-way classifier (NSP or SOP)."""
-
-  cfg: ModelConfig
-
-  @nn.compact
-  def __call__(self, sequence: Array, deterministic: bool) -> Array:
-    """sequence [B, T, d] -> logits [B, 2]."""
-    cfg = self.cfg
-    x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=_dense_init(cfg, (EMBED, MLP)),
-                 bias_init=_zeros((MLP,)), name='pooler')(sequence[:, 0])
-    x = nn.Dropout(cfg.dropout_rate)(jnp.tanh(x), deterministic=deterministic)
-    return nn.Dense(2, kernel_init=_dense_init(cfg, (MLP, None)), bias_init=_zeros((None,)),
-                    name='classifier')(x).astype(jnp.float32)
 
 
 class BertForMLM(nn.Module):

@@ -32,10 +32,10 @@ import ml_collections
 import numpy as np
 
 from mlm_jax import configuration as config_lib
+from mlm_jax import model as model_lib
 from mlm_jax.data import masking
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop import hf as hf_lib
-from mlm_jax.model import bert as model_lib
 from mlm_jax.perf import flops as flops_lib
 from mlm_jax.perf import hf_peer
 from mlm_jax.runtime import host_malloc

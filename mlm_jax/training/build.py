@@ -16,9 +16,8 @@ from typing import Any
 import jax
 import ml_collections
 
-from mlm_jax import configuration as config_lib
+from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
-from mlm_jax.model import bert as model_lib
 from mlm_jax.runtime import sharding
 from mlm_jax.training import step as step_lib
 
@@ -52,7 +51,7 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh) -> Built:
   """
   platform = mesh.devices.flat[0].platform
   pairs = config.sentence_pair.task != 'none'
-  dtype = config_lib.compute_dtype(config.model.dtype, platform)
+  dtype = model_lib.compute_dtype(config.model.dtype, platform)
   model_cfg = model_lib.ModelConfig.from_config(
       config.model, vocab_size, tok_lib.padded_vocab_size(vocab_size), dtype,
       sentence_pair_head=pairs, batch_sharding=sharding.batch_sharding(mesh),
@@ -64,7 +63,7 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh) -> Built:
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
   example = step_lib.example_batch(config.data.seq_len, config.masking.max_predictions, pairs)
   abstract_state, state_sh, init = step_lib.sharded_state_init(model, tx, init_rng, example, mesh)
-  chains = config_lib.concurrent_chains(config.train, mesh.size, platform)
+  chains = step_lib.concurrent_chains(config.train, mesh.size, platform)
   train_step = jax.jit(
       step_lib.make_train_step(step_lib.learning_rate_schedule(config.train),
                                config.train.grad_accum_steps, config.sentence_pair.loss_weight,

@@ -14,7 +14,7 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-from mlm_jax.model import bert as model_lib
+from mlm_jax import model as model_lib
 
 
 class CheckpointMismatchError(ValueError):

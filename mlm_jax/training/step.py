@@ -8,6 +8,7 @@ never a mean of per-device means.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 from typing import Callable
 
@@ -18,6 +19,7 @@ import ml_collections
 import optax
 from flax.training import train_state
 
+from mlm_jax.config_check import require
 from mlm_jax.runtime import sharding
 
 Array = jax.Array
@@ -245,3 +247,40 @@ def create_sharded_state(model: flax.linen.Module, tx: optax.GradientTransformat
   """(state, its shardings): initialised under jit straight into its sharding."""
   _, shardings, init = sharded_state_init(model, tx, rng, example_batch, mesh)
   return init(), shardings
+
+
+def check_config(train: ml_collections.ConfigDict) -> None:
+  """ConfigError for an invalid config.train (optimizer, schedule, cadence, step layout)."""
+  for name in ('batch_size', 'num_steps', 'log_every', 'eval_every', 'checkpoint_every',
+               'keep_checkpoints'):
+    require(train[name] > 0, f'config.train.{name}={train[name]} must be positive.')
+  require(train.learning_rate > 0,
+          f'config.train.learning_rate={train.learning_rate} must be positive.')
+  # warmup_steps > num_steps is allowed: a short trial run of a long config.
+  require(train.warmup_steps >= 0, f'config.train.warmup_steps={train.warmup_steps} must be >= 0.')
+  require(train.weight_decay >= 0, 'config.train.weight_decay must be >= 0.')
+  require(train.grad_clip_norm >= 0, 'config.train.grad_clip_norm must be >= 0 (0 disables).')
+  require(train.grad_accum_steps >= 1,
+          f'config.train.grad_accum_steps={train.grad_accum_steps} must be at least 1.')
+  require(train.concurrent_chains >= 0,
+          f'config.train.concurrent_chains={train.concurrent_chains} must be >= 0 (0: auto).')
+
+
+def concurrent_chains(train: ml_collections.ConfigDict, num_devices: int,
+                      platform: str | None = None) -> int:
+  """config.train.concurrent_chains with 0 (auto) resolved for `platform` (default: JAX's backend).
+
+  Auto is 2 when the step runs on a single CPU device with at least 2 cores
+  and each micro-batch splits evenly (tiny config on 2 cores: 4-13% faster
+  per step in A/B runs), else 1: accelerators run each kernel on the whole
+  chip already, and smaller parts only shrink the kernels.
+  """
+  chains = train.concurrent_chains
+  if chains:
+    return chains
+  rows = train.batch_size // (num_devices * train.grad_accum_steps)
+  platform = platform or jax.default_backend()
+  if (platform == 'cpu' and num_devices == 1 and (os.cpu_count() or 1) >= 2
+      and rows % 2 == 0):
+    return 2
+  return 1

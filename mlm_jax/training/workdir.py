@@ -20,9 +20,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from mlm_jax import configuration
+from mlm_jax import model as model_lib
 from mlm_jax.data import prepare
 from mlm_jax.data import tokenizer as tok_lib
-from mlm_jax.model import bert as model_lib
 from mlm_jax.training import checkpoint as ckpt_lib
 
 
@@ -55,7 +56,7 @@ def record(workdir: str, resolved: dict[str, Any], tokenizer: tok_lib.Tokenizer)
 class TrainedRun:
   workdir: str
   step: int
-  config: dict[str, Any]               # WORKDIR/config.json
+  config: ml_collections.ConfigDict   # WORKDIR/config.json, completed with today's defaults
   model_cfg: model_lib.ModelConfig     # float32 compute, for exact inference
   params: dict[str, Any]               # host numpy arrays
   tokenizer: tok_lib.Tokenizer
@@ -68,11 +69,11 @@ def load(workdir: str, step: int | None = None) -> TrainedRun:
   if not os.path.exists(config_path):
     raise FileNotFoundError(f'{workdir} is not a training workdir (no config.json).')
   with open(config_path) as f:
-    config = json.load(f)
-  resolved = config['resolved']
+    config = configuration.with_defaults(json.load(f))
+  resolved = config.resolved
   model_cfg = model_lib.ModelConfig.from_config(
-      config['model'], resolved['vocab_size'], resolved['padded_vocab_size'], jnp.float32,
-      sentence_pair_head=config.get('sentence_pair', {}).get('task', 'none') != 'none')
+      config.model, resolved.vocab_size, resolved.padded_vocab_size, jnp.float32,
+      sentence_pair_head=config.sentence_pair.task != 'none')
   step, params, meta = ckpt_lib.restore_params(checkpoint_dir(workdir), step)
   ckpt_lib.check_meta(meta, model_cfg.shape_record(), f'{step} of {workdir}')
   tokenizer = tok_lib.Tokenizer(os.path.join(workdir, 'tokenizer.model'))

@@ -1,0 +1,223 @@
+"""The work of prepare's worker processes: tokenize units of the corpus, write shards of rows.
+
+A unit's documents become units/NNNNNN/ (int32 ids of its documents, their
+lengths and splits); row r of a split is the slice [r(T-2), (r+1)(T-2)) of
+that split's stream `doc [SEP] doc [SEP] ...` over all units in order, so each
+array_record shard is computed from the unit files alone, by any worker.
+Everything is written under a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import shutil
+import zlib
+from collections.abc import Callable
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow_datasets as tfds
+import tqdm
+from tensorflow_datasets.core import file_adapters
+
+from mlm_jax.data import corpus as corpus_lib
+from mlm_jax.data import tokenizer as tok_lib
+
+# Texts per sentencepiece encode call.
+_DOCS_PER_CHUNK = 2000
+ROWS_NAME, ROWS_VERSION = 'mlm_rows', '1.0.0'
+FILENAME_TEMPLATE = '{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}'
+
+
+def is_validation(text: str, fraction: float, seed: int) -> bool:
+  """A stable, content-keyed coin flip per document (keyed by its first piece)."""
+  h = zlib.crc32(text.encode('utf-8', 'replace'), zlib.crc32(str(seed).encode()))
+  return h / 2**32 < fraction
+
+
+# Per worker process: what init_worker was given, and the loaded tokenizer.
+_WORKER: dict = {}
+
+
+def init_worker(reader: corpus_lib.Corpus, model_path: str, val_fraction: float,
+                 split_seed: int, seq_len: int, all_threads: bool) -> None:
+  _WORKER.update(reader=reader, tokenizer=tok_lib.Tokenizer(model_path),
+                 val=(val_fraction, split_seed), seq_len=seq_len,
+                 threads=0 if all_threads else 1)
+
+
+class Pool:
+  """`workers` spawned processes (or this one, for 1) that run tasks with a progress bar."""
+
+  def __init__(self, workers: int, init_args: tuple):
+    self._workers, self._init_args, self._executor = workers, init_args, None
+
+  def __enter__(self) -> Pool:
+    if self._workers == 1:
+      init_worker(*self._init_args)
+    else:
+      # Spawned, not forked: the caller may have started JAX's threads.
+      self._executor = concurrent.futures.ProcessPoolExecutor(
+          self._workers, mp_context=multiprocessing.get_context('spawn'),
+          initializer=init_worker, initargs=self._init_args)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self._executor is not None:
+      self._executor.shutdown(wait=True, cancel_futures=True)
+
+  def run(self, fn: Callable, tasks: Sequence[tuple], desc: str, total: int) -> None:
+    bar = tqdm.tqdm(total=total, initial=total - len(tasks), desc=desc, unit='task',
+                    mininterval=2)
+    with bar:
+      if self._executor is None:
+        for task in tasks:
+          fn(*task)
+          bar.update()
+        return
+      futures = [self._executor.submit(fn, *task) for task in tasks]
+      for future in concurrent.futures.as_completed(futures):
+        future.result()  # Re-raises a worker's exception here.
+        bar.update()
+
+
+def remove_temporaries(directory: str) -> None:
+  """Leftovers of interrupted writers (our own names only)."""
+  for name in os.listdir(directory):
+    if '.tmp-' in name:
+      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def tokenize_unit(index: int, unit: corpus_lib.Unit, units_dir: str) -> None:
+  """Writes units_dir/NNNNNN/: ids.bin (int32 ids of all documents), docs.npz, tally.json."""
+  reader, tokenizer = _WORKER['reader'], _WORKER['tokenizer']
+  final = os.path.join(units_dir, f'{index:06d}')
+  tmp = f'{final}.tmp-{os.getpid()}'
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  tally = corpus_lib.Tally()
+  lengths: list[int] = []
+  is_val: list[bool] = []
+  texts: list[str] = []
+  owners: list[int] = []
+  with open(os.path.join(tmp, 'ids.bin'), 'wb') as f:
+
+    def flush():
+      for doc, ids in zip(owners, tokenizer.encode(texts, num_threads=_WORKER['threads'])):
+        lengths[doc] += len(ids)
+        f.write(np.asarray(ids, np.int32).tobytes())
+      texts.clear()
+      owners.clear()
+
+    chars = 0
+    for first, piece in reader.pieces(unit, tally):
+      piece = tok_lib.sanitize(piece)
+      if first:
+        lengths.append(0)
+        is_val.append(is_validation(piece, *_WORKER['val']))
+      texts.append(piece)
+      owners.append(len(lengths) - 1)
+      chars += len(piece)
+      if len(texts) >= _DOCS_PER_CHUNK or chars >= 4 * corpus_lib.PIECE_CHARS:
+        flush()
+        chars = 0
+    flush()
+  lengths_np = np.asarray(lengths, np.int64)
+  keep = lengths_np > 0  # A document of no ids (e.g. only stripped markup) adds nothing.
+  np.savez(os.path.join(tmp, 'docs.npz'), lengths=lengths_np[keep],
+           is_val=np.asarray(is_val, bool)[keep])
+  with open(os.path.join(tmp, 'tally.json'), 'w') as f:
+    json.dump(tally.to_json(), f)
+  try:
+    os.rename(tmp, final)
+  except OSError:  # Another run finished it first: same content.
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+
+def split_stats(stream: list[tuple[str, int, int, int]], seq_len: int) -> dict:
+  """Documents, tokens, rows and padding of a split, from its units' stream lengths."""
+  content = seq_len - 2
+  length = sum(n for _, n, _, _ in stream)  # Every document + its [SEP].
+  # The final [SEP] is dropped unless it fills the last row; a rest is padded.
+  rest = length % content
+  rows = length // content + (rest > 1)
+  padding = content - (rest - 1) if rest > 1 else 0
+  total = rows * seq_len
+  return {'documents': sum(d for *_, d, _ in stream), 'tokens': sum(t for *_, t in stream),
+          'rows': rows, 'padding_fraction': padding / total if total else 0.0}
+
+
+def unit_stream(unit_dir: str, validation: bool, lo: int, hi: int) -> np.ndarray:
+  """[hi - lo] int32: positions [lo, hi) of the unit's `doc [SEP] doc [SEP] ...` for a split."""
+  docs = np.load(os.path.join(unit_dir, 'docs.npz'))
+  lengths = docs['lengths']
+  starts = np.cumsum(lengths) - lengths  # In ids.bin.
+  sel = np.flatnonzero(docs['is_val'] == validation)
+  lens = lengths[sel] + 1
+  ends = np.cumsum(lens)
+  first, last = np.searchsorted(ends, lo, 'right'), np.searchsorted(ends - lens, hi, 'left')
+  sel, lens, ends = sel[first:last], lens[first:last], ends[first:last]
+  if not len(sel):
+    return np.zeros(0, np.int32)
+  begins = ends - lens
+  base = begins[0]
+  pos = np.arange(lens.sum()) + np.repeat(starts[sel] - (begins - base), lens)
+  seps = ends - 1 - base
+  pos[seps] = 0  # Any valid index; overwritten below.
+  out = np.asarray(np.memmap(os.path.join(unit_dir, 'ids.bin'), np.int32, 'r')[pos])
+  out[seps] = tok_lib.SEP_ID
+  return out[lo - base:hi - base]
+
+
+def write_shard(split: str, k: int, num_shards: int, r0: int, r1: int,
+                 stream: list[tuple[str, int, int, int]], rows_dir: str, tmp_dir: str,
+                 counts_dir: str) -> None:
+  """Writes rows [r0, r1) of a split as shard k (and, for train, its token counts)."""
+  seq_len = _WORKER['seq_len']
+  content = seq_len - 2
+  length = sum(n for _, n, _, _ in stream)
+  a, b = r0 * content, min(r1 * content, length)
+  parts, offset = [], 0
+  for unit_dir, n, _, _ in stream:
+    lo, hi = max(a, offset) - offset, min(b, offset + n) - offset
+    if lo < hi:
+      parts.append(unit_stream(unit_dir, split == 'validation', lo, hi))
+    offset += n
+  flat = np.full((r1 - r0) * content, tok_lib.PAD_ID, np.int32)
+  flat[:b - a] = np.concatenate(parts)
+  if length % content and a <= length - 1 < b:
+    flat[length - 1 - a] = tok_lib.PAD_ID  # The last document's [SEP] is the row's own.
+  body = flat.reshape(-1, content)
+  rows = np.concatenate([np.full((len(body), 1), tok_lib.CLS_ID, np.int32), body,
+                         np.full((len(body), 1), tok_lib.SEP_ID, np.int32)], axis=1)
+  if split == 'train':
+    counts = np.bincount(body.ravel(), minlength=_WORKER['tokenizer'].vocab_size)
+    counts[[tok_lib.PAD_ID, tok_lib.SEP_ID]] = 0  # Documents never hold either.
+    tmp = os.path.join(tmp_dir, f'counts-{k:05d}.npy')
+    np.save(tmp, counts.astype(np.int64))
+    os.replace(tmp, os.path.join(counts_dir, f'train-{k:05d}.npy'))
+  spec = features(seq_len)
+  tmp = os.path.join(tmp_dir, f'{split}-{k:05d}-{os.getpid()}')
+  file_adapters.ArrayRecordFileAdapter.write_examples(
+      tmp, ((i, spec.serialize_example({'input_ids': row})) for i, row in enumerate(rows)))
+  os.replace(tmp, shard_path(rows_dir, split, k, num_shards))  # Complete, or absent.
+
+
+def features(seq_len: int) -> tfds.features.FeaturesDict:
+  return tfds.features.FeaturesDict({
+      'input_ids': tfds.features.Tensor(shape=(seq_len,), dtype=np.int32)})
+
+
+def template(rows_dir: str, split: str) -> tfds.core.ShardedFileTemplate:
+  return tfds.core.ShardedFileTemplate(
+      data_dir=rows_dir, template=FILENAME_TEMPLATE, dataset_name=ROWS_NAME, split=split,
+      filetype_suffix='array_record')
+
+
+def shard_path(rows_dir: str, split: str, k: int, num_shards: int) -> str:
+  return os.fspath(template(rows_dir, split).sharded_filepath(shard_index=k,
+                                                               num_shards=num_shards))

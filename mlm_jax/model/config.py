@@ -1,0 +1,124 @@
+"""The encoder's settings: ModelConfig, the allowed values of config.model, their checks.
+
+Shapes: B batch, T sequence length, P masked slots per row, d hidden size,
+N heads, H = d / N head size, V padded vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from mlm_jax.config_check import one_of
+from mlm_jax.config_check import require
+
+Array = jax.Array
+
+DTYPES = ('auto', 'float32', 'bfloat16')       # 'auto': float32 on CPU, bfloat16 elsewhere.
+ATTENTIONS = ('auto', 'xla', 'cudnn')          # 'cudnn': the fused kernel (NVIDIA GPUs, 16-bit).
+REMATS = ('none', 'dots', 'full')              # What a block keeps for the backward pass.
+
+
+# Options that change the parameter tree, with the value that a checkpoint
+# written before the option existed implies.
+STRUCTURE_DEFAULTS = {'scan_layers': False, 'sentence_pair_head': False}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int            # Real vocabulary (tokenizer size).
+  padded_vocab_size: int     # Embedding rows: vocab_size rounded up to 128.
+  # The fields of config.model (configs/base.py documents and sets them all).
+  num_layers: int
+  hidden_size: int
+  num_heads: int
+  intermediate_size: int
+  max_position_embeddings: int
+  type_vocab_size: int
+  dropout_rate: float
+  attention_dropout_rate: float
+  initializer_range: float
+  layer_norm_eps: float
+  attention: str             # ATTENTIONS; 'auto' is resolved by resolve_attention.
+  scan_layers: bool          # One nn.scan over the blocks (params stacked).
+  remat: str                 # REMATS: what a block keeps for the backward pass.
+  drop_token_rate: float     # Training only: unmasked tokens dropped from the input.
+  # Set by the trainer, not config.model.
+  dtype: Any = jnp.float32   # Compute dtype; parameters are always float32.
+  sentence_pair_head: bool = False  # Pooler + 2-way classifier on [CLS] (NSP/SOP).
+  # Where activations keep their batch axis (the trainer's batch sharding, see
+  # sharding.batch_sharding); None: no constraint (a model used on one device).
+  batch_sharding: Any = None
+
+  def batch_split(self, x: Array) -> Array:
+    """x [B, ...] constrained to keep its batch axis split like the input batch."""
+    if self.batch_sharding is None:
+      return x
+    return jax.lax.with_sharding_constraint(x, self.batch_sharding)
+
+  def shape_record(self) -> dict[str, Any]:
+    """What a checkpoint's parameters must agree with to be loaded into this model."""
+    return {k: getattr(self, k) for k in (
+        'vocab_size', 'padded_vocab_size', 'num_layers', 'hidden_size', 'num_heads',
+        'intermediate_size', 'max_position_embeddings', 'type_vocab_size',
+        *STRUCTURE_DEFAULTS)}
+
+  @classmethod
+  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int, padded_vocab_size: int,
+                  dtype: Any, **overrides) -> 'ModelConfig':
+    """From config.model (every field; `overrides` for the ones the trainer sets)."""
+    fields = {f.name for f in dataclasses.fields(cls)} - {
+        'vocab_size', 'padded_vocab_size', 'dtype', 'sentence_pair_head', 'batch_sharding'}
+    given = {k: model[k] for k in fields if k not in overrides}
+    return cls(vocab_size=vocab_size, padded_vocab_size=padded_vocab_size, dtype=dtype,
+               **given, **overrides)
+
+
+def resolve_attention(attention: str, platform: str, dtype: Any,
+                      attention_dropout_rate: float = 0.0) -> str:
+  """config.model.attention for a platform: 'xla' or 'cudnn'.
+
+  'auto' is cuDNN's fused (flash) kernel on NVIDIA GPUs in 16-bit when
+  training has no attention dropout (the fused call has none), else XLA.
+  """
+  if attention != 'auto':
+    return attention
+  fused = (platform == 'gpu' and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+           and attention_dropout_rate == 0.0)
+  return 'cudnn' if fused else 'xla'
+
+
+def compute_dtype(name: str, platform: str | None = None):
+  """config.model.dtype as a dtype; 'auto' is float32 on a CPU and bfloat16 on GPUs and TPUs.
+
+  `platform` is where the step runs (default: JAX's backend here).
+  """
+  if name == 'auto':
+    return jnp.float32 if (platform or jax.default_backend()) == 'cpu' else jnp.bfloat16
+  return jnp.dtype(name)
+
+
+def check_config(model: ml_collections.ConfigDict) -> None:
+  """ConfigError for an invalid config.model field (see configs/base.py)."""
+  for name in ('num_layers', 'hidden_size', 'num_heads', 'intermediate_size'):
+    require(model[name] > 0, f'config.model.{name}={model[name]} must be positive.')
+  require(model.hidden_size % model.num_heads == 0,
+          f'config.model.hidden_size={model.hidden_size} is not divisible by '
+          f'config.model.num_heads={model.num_heads}.')
+  require(model.type_vocab_size >= 1, 'config.model.type_vocab_size must be at least 1.')
+  for name in ('dropout_rate', 'attention_dropout_rate'):
+    require(0.0 <= model[name] < 1.0, f'config.model.{name}={model[name]} must be in [0, 1).')
+  one_of('model', 'dtype', model.dtype, DTYPES)
+  one_of('model', 'attention', model.attention, ATTENTIONS)
+  require(model.attention != 'cudnn' or model.attention_dropout_rate == 0.0,
+          f"config.model.attention='cudnn' with config.model.attention_dropout_rate="
+          f"{model.attention_dropout_rate}: cuDNN's fused attention has no dropout on the "
+          "attention probabilities; set the rate to 0, or attention='auto' to use XLA's "
+          'attention when the rate is above 0.')
+  one_of('model', 'remat', model.remat, REMATS)
+  require(0.0 <= model.drop_token_rate < 1.0,
+          f'config.model.drop_token_rate={model.drop_token_rate} must be in [0, 1).')

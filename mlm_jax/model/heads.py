@@ -1,0 +1,55 @@
+"""Output heads: the MLM head on the gathered masked slots, and BERT's sentence-pair head."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from mlm_jax.model.config import Array
+from mlm_jax.model.config import ModelConfig
+from mlm_jax.model.layers import EMBED
+from mlm_jax.model.layers import MLP
+from mlm_jax.model.layers import VOCAB
+from mlm_jax.model.layers import dense_init
+from mlm_jax.model.layers import gelu
+from mlm_jax.model.layers import layer_norm
+from mlm_jax.model.layers import zeros
+
+
+class MLMHead(nn.Module):
+  """Gather at masked positions -> dense + GELU + LayerNorm -> tied logits."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, sequence: Array, masked_positions: Array, embedding: Array) -> Array:
+    """sequence [B, T, d], masked_positions [B, P], embedding [V, d] -> logits [B, P, V]."""
+    cfg = self.cfg
+    x = cfg.batch_split(jnp.take_along_axis(sequence, masked_positions[..., None], axis=1))  # [B, P, d]
+    x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, MLP)),
+                 bias_init=zeros((MLP,)), name='transform')(x)
+    x = layer_norm(cfg, 'layer_norm')(gelu(x))
+    bias = self.param('output_bias', zeros((VOCAB,)), (cfg.padded_vocab_size,))
+    logits = jnp.einsum('bpd,vd->bpv', x, embedding.astype(cfg.dtype))
+    logits = logits.astype(jnp.float32) + bias
+    if cfg.padded_vocab_size > cfg.vocab_size:
+      # Rows past the tokenizer's vocabulary exist only for alignment.
+      real = jnp.arange(cfg.padded_vocab_size) < cfg.vocab_size
+      logits = jnp.where(real, logits, -1e9)
+    return logits
+
+
+class SentencePairHead(nn.Module):
+  """BERT's pooler (dense + tanh on [CLS]) and a 2-way classifier (NSP or SOP)."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, sequence: Array, deterministic: bool) -> Array:
+    """sequence [B, T, d] -> logits [B, 2]."""
+    cfg = self.cfg
+    x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, MLP)),
+                 bias_init=zeros((MLP,)), name='pooler')(sequence[:, 0])
+    x = nn.Dropout(cfg.dropout_rate)(jnp.tanh(x), deterministic=deterministic)
+    return nn.Dense(2, kernel_init=dense_init(cfg, (MLP, None)), bias_init=zeros((None,)),
+                    name='classifier')(x).astype(jnp.float32)

@@ -1,0 +1,100 @@
+"""Building blocks the encoders share: initialisers with logical axis names, LayerNorm,
+GELU, and self-attention (our XLA formulation or cuDNN's fused kernel)."""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from mlm_jax.model.config import Array
+from mlm_jax.model.config import ModelConfig
+from mlm_jax.model.config import resolve_attention
+
+# Logical names of parameter axes; sharding.LOGICAL_RULES maps them onto the
+# mesh ('embed' onto 'fsdp'), so the model never names a mesh axis itself.
+EMBED, MLP, HEADS, KV, VOCAB, TABLE = 'embed', 'mlp', 'heads', 'kv', 'vocab', 'table'
+
+
+def dense_init(cfg: ModelConfig, names: tuple[str, ...]):
+  return nn.with_logical_partitioning(nn.initializers.truncated_normal(cfg.initializer_range), names)
+
+
+def zeros(names: tuple[str, ...]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, name=name,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (EMBED,)),
+                      bias_init=zeros((EMBED,)))
+
+
+def gelu(x: Array) -> Array:
+  """BERT's exact GELU, x·Φ(x), written with erf as PyTorch does.
+
+  Same function as jax.nn.gelu(approximate=False), which uses erfc; in the
+  tiny config's train step on a 2-core CPU this form made each block's
+  forward+backward ~1.5x faster (together with the attention below).
+  """
+  return 0.5 * x * (1.0 + jax.lax.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+def uses_cudnn_attention(cfg: ModelConfig) -> bool:
+  """The fused cuDNN (flash) kernel: asked for, or 'auto' resolved to it on this backend."""
+  return resolve_attention(cfg.attention, jax.default_backend(), cfg.dtype,
+                           cfg.attention_dropout_rate) == 'cudnn'
+
+
+
+def softmax_attention(q: Array, k: Array, v: Array, key_mask: Array,
+                      dropout=lambda w: w) -> Array:
+  """softmax(q·kᵀ/√H, keys masked)·v for q, k, v [B, T, N, H] and key_mask [B, T] -> [B, T, N, H].
+
+  The queries are scaled (not the [B, N, T, T] scores), masked keys get a
+  large negative bias, and the unnormalised weights exp(s - max s) meet v
+  before the division by their sum: one pass less over the scores than
+  softmax-then-product, in both directions. `dropout` acts on those weights,
+  which is dropout on the probabilities (it commutes with the division).
+  The max is a constant to differentiation (softmax does not depend on it).
+  Scores, weights and sums are float32 whatever the compute dtype.
+  """
+  scores = jnp.einsum('bqnh,bknh->bnqk', q * (1.0 / math.sqrt(q.shape[-1])), k)
+  scores = scores.astype(jnp.float32) + jnp.where(key_mask, 0.0, -1e9)[:, None, None, :]
+  weights = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
+  total = jnp.swapaxes(jnp.sum(weights, axis=-1), 1, 2)[..., None]       # [B, T, N, 1]
+  out = jnp.einsum('bnqk,bknh->bqnh', dropout(weights).astype(v.dtype), v)
+  return (out.astype(jnp.float32) / total).astype(v.dtype)
+
+
+class SelfAttention(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, key_mask: Array, deterministic: bool) -> Array:
+    """x: [B, T, d], key_mask: [B, T] bool (True = real token) -> [B, T, d].
+
+    Real tokens come first in every row and padding last, so the mask is also
+    a length per row: the fused cuDNN kernel takes those lengths rather than
+    a dense [B, 1, T, T] mask (slow there). Attention-probability dropout is
+    not in jax.nn.dot_product_attention: with it, training takes the XLA path.
+    """
+    cfg = self.cfg
+    head_dim = cfg.hidden_size // cfg.num_heads
+    proj = lambda name: nn.DenseGeneral(
+        (cfg.num_heads, head_dim), dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, HEADS, KV)),
+        bias_init=zeros((HEADS, KV)), name=name)
+    q, k, v = (cfg.batch_split(proj(name)(x)) for name in ('query', 'key', 'value'))  # [B, T, N, H]
+    dropout = 0.0 if deterministic else cfg.attention_dropout_rate
+    if dropout == 0.0 and uses_cudnn_attention(cfg):
+      lengths = jnp.sum(key_mask, axis=-1, dtype=jnp.int32)
+      out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
+                                         implementation='cudnn')
+    else:
+      out = softmax_attention(q, k, v, key_mask,
+                              lambda w: nn.Dropout(dropout)(w, deterministic=dropout == 0.0))
+    return nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), dtype=cfg.dtype,
+                           kernel_init=dense_init(cfg, (HEADS, KV, EMBED)),
+                           bias_init=zeros((EMBED,)), name='out')(out)
