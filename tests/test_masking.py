@@ -361,3 +361,20 @@ def test_whole_word_mode_needs_the_pieces():
                                           mode='whole_word', span_p=0.2, span_max_length=10))
   with pytest.raises(ValueError, match='pieces'):
     masking.make_masker(config, V, None)
+
+
+def test_slot_kinds_partition_the_masked_slots_in_the_configured_shares():
+  ids = _rows(2000, seed=12)
+  batch = _masker()(ids, seed=3, step=0, rows=np.arange(len(ids)))
+  kinds, valid = batch['masked_kinds'], batch['masked_weights'] > 0
+  np.testing.assert_array_equal(kinds > 0, valid)   # Every masked slot has one kind.
+  r, pos, s = _selected(batch)
+  shown, target = batch['input_ids'][r, pos], batch['masked_ids'][r, s]
+  kind = kinds[r, s]
+  assert np.all((shown == tok.MASK_ID) == (kind == 1))
+  assert np.all(shown[kind == 3] == target[kind == 3])  # Kept: the input shows the target.
+  assert np.all(shown[kind == 2] != tok.MASK_ID)
+  shares = np.bincount(kind, minlength=4)[1:] / len(kind)
+  n = len(kind)
+  for share, expected in zip(shares, (0.8, 0.1, 0.1)):
+    assert abs(share - expected) < 4 * np.sqrt(expected * (1 - expected) / n), shares

@@ -36,7 +36,8 @@ def _batch(seed=0):
   return {'input_ids': ids, 'attention_mask': attention, 'segment_ids': np.zeros_like(ids),
           'masked_positions': positions.astype(np.int32),
           'masked_ids': np.where(weights > 0, rng.integers(5, V, (B, P)), 0).astype(np.int32),
-          'masked_weights': weights}
+          'masked_weights': weights,
+          'masked_kinds': (weights > 0).astype(np.int32)}  # All [MASK] slots.
 
 
 def _train_config(**overrides):

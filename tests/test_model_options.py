@@ -39,6 +39,7 @@ def _batch(seed=0):
           'masked_positions': positions,
           'masked_ids': rng.integers(5, 100, (B, P)).astype(np.int32),
           'masked_weights': np.ones((B, P), np.float32),
+          'masked_kinds': np.ones((B, P), np.int32),  # All [MASK] slots.
           'sentence_pair_labels': rng.integers(0, 2, B).astype(np.int32),
           'sentence_pair_weights': np.ones(B, np.float32)}
 

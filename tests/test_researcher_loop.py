@@ -65,7 +65,9 @@ def test_tensorboard_has_every_logged_scalar_at_its_step_and_the_hparams(run):
               if k not in ('step', 'time') and isinstance(v, (int, float))}
   assert expected >= {'train/loss', 'train/mlm_accuracy', 'train/learning_rate',
                       'train/tokens_per_sec', 'train/tokens_seen', 'eval/loss',
-                      'eval/mlm_accuracy', 'eval/baseline_accuracy'}
+                      'eval/mlm_accuracy', 'eval/baseline_accuracy', 'train/mask_accuracy',
+                      'eval/mask_accuracy', 'eval/mask_baseline_accuracy', 'eval/kept_accuracy',
+                      'eval/random_accuracy'}
   assert tags == expected  # Strings (the baseline token) are not scalars.
   assert [e.step for e in acc.Scalars('train/loss')] == [2, 4, 6, 8]
   assert [e.step for e in acc.Scalars('eval/mlm_accuracy')] == [4, 8]
@@ -130,7 +132,8 @@ def test_plots_of_one_run(run):
   _, workdir, _ = run
   paths = plot.plot_runs([workdir])
   assert sorted(os.path.basename(p) for p in paths) == [
-      'learning_rate.png', 'loss.png', 'mlm_accuracy.png', 'tokens_per_sec.png']
+      'learning_rate.png', 'loss.png', 'mask_accuracy.png', 'mlm_accuracy.png',
+      'tokens_per_sec.png']
   assert all(os.path.dirname(p) == os.path.join(workdir, 'plots') for p in paths)
   for p in paths:
     _assert_png(p)
@@ -147,7 +150,8 @@ def test_plot_command_overlays_two_runs(run, tmp_path):
        f'--out={out}'], cwd=REPO, capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr[-2000:]
   assert sorted(os.listdir(out)) == [
-      'learning_rate.png', 'loss.png', 'mlm_accuracy.png', 'tokens_per_sec.png']
+      'learning_rate.png', 'loss.png', 'mask_accuracy.png', 'mlm_accuracy.png',
+      'tokens_per_sec.png']
   for p in out.iterdir():
     _assert_png(str(p))
   assert plot.run_labels(['/x/a/run', '/x/b/run', '/y/c']) == ['a/run', 'b/run', 'y/c']
@@ -273,3 +277,18 @@ def test_flops_formula_and_peaks():
   assert flops.peak_flops_per_device('cpu', peak_tflops=2.5) == 2.5e12
   assert flops.mfu(1000.0, 1e9, 1e12, 2) == pytest.approx(0.5)
   assert flops.mfu(None, 1e9, 1e12, 1) is None and flops.mfu(1.0, 1e9, None, 1) is None
+
+
+def test_eval_reports_mask_slots_against_the_most_frequent_token(run):
+  _, workdir, summary = run
+  last = [r for r in _records(workdir) if 'eval_loss' in r][-1]
+  for kind in ('mask', 'random', 'kept'):
+    assert 0.0 <= last[f'eval_{kind}_accuracy'] <= 1.0
+    assert 0.0 <= last[f'eval_{kind}_baseline_accuracy'] <= 1.0
+  # The input shows the target at kept slots: they are the easy ones.
+  assert last['eval_kept_accuracy'] >= last['eval_mask_accuracy']
+  assert summary['final_eval_mask_accuracy'] == last['eval_mask_accuracy']
+  if last['eval_mask_baseline_accuracy'] > 0:
+    assert last['eval_context_ratio'] == pytest.approx(
+        last['eval_mask_accuracy'] / last['eval_mask_baseline_accuracy'])
+    assert summary['final_eval_context_ratio'] == last['eval_context_ratio']

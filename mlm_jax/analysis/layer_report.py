@@ -22,7 +22,6 @@ import os
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
 from mlm_jax import model as model_lib
@@ -33,8 +32,8 @@ from mlm_jax.training import step as step_lib
 from mlm_jax.training import workdir as workdir_lib
 
 
-def _layer_terms_fn(model: model_lib.BertForMLM):
-  """jit(params, batch) -> {loss_sum, correct_sum, weight_sum}, each [L + 1]."""
+def _layer_terms_fn(model: model_lib.BertForMLM, baseline_token: int):
+  """jit(params, batch) -> the sums of step.mlm_loss_terms, each [L + 1]."""
 
   def layer_terms(params, batch):
     layers = model.apply({'params': params}, batch, method=model_lib.BertForMLM.all_layers)
@@ -42,7 +41,8 @@ def _layer_terms_fn(model: model_lib.BertForMLM):
     def one_layer(sequence):  # [B, T, d] -> scalar sums
       logits = model.apply({'params': params}, sequence, batch['masked_positions'],
                            method=model_lib.BertForMLM.mlm_logits)
-      return step_lib.mlm_loss_terms(logits, batch['masked_ids'], batch['masked_weights'])
+      return step_lib.mlm_loss_terms(logits, batch['masked_ids'], batch['masked_weights'],
+                                     batch['masked_kinds'], baseline_token)
 
     # One layer's [B, P, V] logits at a time, not all L + 1 at once.
     return jax.lax.map(one_layer, layers)
@@ -66,9 +66,8 @@ def layer_report(workdir: str, *, max_batches: int | None = None,
         'prepare it again with the run\'s config (python -m mlm_jax.train does).')
   data = prepare_lib.load(data_dir)
   tokenizer = data.tokenizer
-  masker = masking.make_masker(ml_collections.ConfigDict(config['masking']),
-                               tokenizer.vocab_size, data.unigram_counts,
-                               [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)])
+  masker = masking.make_masker(config.masking, tokenizer.vocab_size, data.unigram_counts,
+                               tokenizer.pieces())
   source = data.source('validation')
   # The batch size the run evaluated with: the masks depend on it.
   global_batch = input_pipeline.eval_batch_size(
@@ -78,31 +77,32 @@ def layer_report(workdir: str, *, max_batches: int | None = None,
 
   model = model_lib.BertForMLM(run.model_cfg)
   params = jax.device_put(run.params)
-  layer_terms = _layer_terms_fn(model)
-  num_layers = run.model_cfg.num_layers + 1
-  totals = {k: np.zeros(num_layers) for k in ('loss_sum', 'correct_sum', 'weight_sum')}
   top_token = data.most_frequent_token()
-  baseline = np.zeros(2)  # [hits, masked]
+  layer_terms = _layer_terms_fn(model, top_token)
+  num_layers = run.model_cfg.num_layers + 1
+  totals: dict[str, np.ndarray] = {}
   num_batches = 0
   for batch in input_pipeline.eval_batches(source, masker, global_batch=global_batch,
                                            mask_seed=config['eval']['mask_seed'],
                                            max_batches=max_batches):
-    w = batch['masked_weights']
-    baseline += [np.sum(w * (batch['masked_ids'] == top_token)), np.sum(w)]
     for k, v in jax.device_get(layer_terms(params, batch)).items():
-      totals[k] += np.asarray(v, np.float64)
+      totals[k] = totals.get(k, np.zeros(num_layers)) + np.asarray(v, np.float64)
     num_batches += 1
 
   denom = np.maximum(totals['weight_sum'], 1.0)
+  by_layer = [step_lib.slot_metrics({k: v[i] for k, v in totals.items()})
+              for i in range(num_layers)]
   layers = [{'layer': i,
              'module': 'encoder/embeddings' if i == 0 else f'encoder/layer_{i - 1}',
              'loss': float(totals['loss_sum'][i] / denom[i]),
              'mlm_accuracy': float(totals['correct_sum'][i] / denom[i]),
+             'mask_accuracy': by_layer[i].get('mask_accuracy'),
              'num_masked': int(totals['weight_sum'][i])} for i in range(num_layers)]
   report = {'workdir': run.workdir, 'checkpoint_step': run.step, 'num_batches': num_batches,
             'batch_size': global_batch, 'mask_seed': config['eval']['mask_seed'],
             'baseline_token': data.tokenizer.id_to_piece(top_token),
-            'baseline_accuracy': float(baseline[0] / max(baseline[1], 1.0)),
+            'baseline_accuracy': by_layer[0]['baseline_accuracy'],
+            'mask_baseline_accuracy': by_layer[0].get('mask_baseline_accuracy'),
             'layers': layers}
   _write(run.workdir, report)
   return report
@@ -111,12 +111,16 @@ def layer_report(workdir: str, *, max_batches: int | None = None,
 def format_table(report: dict[str, Any]) -> str:
   lines = [f'Checkpoint {report["checkpoint_step"]}: the MLM head on every layer\'s output, '
            f'{report["layers"][0]["num_masked"]} held-out masked tokens',
-           f'{"layer":>5}  {"module":<20} {"loss":>8}  {"MLM accuracy":>12}']
+           f'{"layer":>5}  {"module":<20} {"loss":>8}  {"MLM accuracy":>12}  '
+           f'{"at [MASK]":>9}']
   for row in report['layers']:
+    mask = '' if row['mask_accuracy'] is None else f'{row["mask_accuracy"]:>9.4f}'
     lines.append(f'{row["layer"]:>5}  {row["module"]:<20} {row["loss"]:>8.4f}  '
-                 f'{row["mlm_accuracy"]:>12.4f}')
+                 f'{row["mlm_accuracy"]:>12.4f}  {mask}')
   lines.append(f'Always predicting {report["baseline_token"]!r}: accuracy '
-               f'{report["baseline_accuracy"]:.4f}')
+               f'{report["baseline_accuracy"]:.4f}'
+               + ('' if report['mask_baseline_accuracy'] is None else
+                  f', at [MASK] slots {report["mask_baseline_accuracy"]:.4f}'))
   return '\n'.join(lines)
 
 
@@ -138,9 +142,14 @@ def _plot(report: dict[str, Any], path: str) -> None:
   rows = report['layers']
   x = [r['layer'] for r in rows]
   fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
-  acc_ax.plot(x, [r['mlm_accuracy'] for r in rows], 'o-', label='MLM head')
+  acc_ax.plot(x, [r['mlm_accuracy'] for r in rows], 'o-', label='MLM head, all slots')
   acc_ax.axhline(report['baseline_accuracy'], color='gray', linestyle='--',
                  label=f'always {report["baseline_token"]!r}')
+  if report['mask_baseline_accuracy'] is not None:
+    acc_ax.plot(x, [r['mask_accuracy'] for r in rows], 's-', color='C2',
+                label='MLM head, [MASK] slots')
+    acc_ax.axhline(report['mask_baseline_accuracy'], color='C2', linestyle=':',
+                   label=f'always {report["baseline_token"]!r}, [MASK] slots')
   acc_ax.set(title='Held-out MLM accuracy', xlabel='layer (0 = embeddings)', ylabel='accuracy')
   acc_ax.legend(fontsize='small')
   loss_ax.plot(x, [r['loss'] for r in rows], 'o-', color='C1')

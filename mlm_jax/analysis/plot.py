@@ -2,8 +2,9 @@
 
   python -m mlm_jax.plot --workdir=runs/a [--workdir=runs/b ...] [--out=DIR]
 
-writes loss.png, mlm_accuracy.png (train solid, eval dashed), learning_rate.png
-and tokens_per_sec.png into DIR (default: the first workdir's plots/). Runs
+writes loss.png, mlm_accuracy.png (train solid, eval dashed), mask_accuracy.png
+(accuracy at slots that showed [MASK], next to always answering the most
+frequent token), learning_rate.png and tokens_per_sec.png into DIR (default: the first workdir's plots/). Runs
 are labelled by their workdir's name.
 """
 
@@ -26,6 +27,9 @@ FIGURES: dict[str, tuple[str, str, list[tuple[str, str, str]]]] = {
              [('loss', 'train', '-'), ('eval_loss', 'eval', '--')]),
     'mlm_accuracy': ('MLM accuracy', 'accuracy on masked tokens',
                      [('mlm_accuracy', 'train', '-'), ('eval_mlm_accuracy', 'eval', '--')]),
+    'mask_accuracy': ('Accuracy at [MASK] slots', 'accuracy where the input showed [MASK]',
+                      [('mask_accuracy', 'train', '-'), ('eval_mask_accuracy', 'eval', '--'),
+                       ('eval_mask_baseline_accuracy', 'most frequent token', ':')]),
     'learning_rate': ('Learning rate', 'learning rate', [('learning_rate', '', '-')]),
     'tokens_per_sec': ('Throughput', 'tokens / s', [('tokens_per_sec', '', '-')]),
 }

@@ -41,6 +41,9 @@ from mlm_jax.config_check import require
 from mlm_jax.data import tokenizer as tok_lib
 
 MODES = ('token', 'whole_word', 'span')
+# What a masked slot's input showed, in batch['masked_kinds'] [b, P]: index + 1
+# (0 marks an unused slot). Accuracy at 'mask' slots is what context alone gives.
+SLOT_KINDS = ('mask', 'random', 'kept')
 # Where random replacement tokens are drawn from (config.masking.random_source).
 RANDOM_SOURCES = ('unigram', 'uniform')
 # Independent streams of the hash: one per random decision. Other modules
@@ -168,6 +171,7 @@ class Masker:
     random_ids = np.minimum(random_ids, len(self._cdf) - 1)
 
     new_values = np.where(to_mask, tok_lib.MASK_ID, np.where(to_random, random_ids, targets))
+    kinds = np.where(to_mask, 1, np.where(to_random, 2, np.where(valid, 3, 0)))
     masked_input = input_ids.copy()
     sel_rows, sel_slots = np.nonzero(valid)
     masked_input[sel_rows, positions[sel_rows, sel_slots]] = new_values[sel_rows, sel_slots]
@@ -179,6 +183,7 @@ class Masker:
         'masked_positions': positions.astype(np.int32),                    # [b, P]
         'masked_ids': targets.astype(np.int32),                            # [b, P]
         'masked_weights': valid.astype(np.float32),                        # [b, P]
+        'masked_kinds': kinds.astype(np.int32),                            # [b, P] SLOT_KINDS
     }
 
   def _select_tokens(self, input_ids, maskable, k, *, seed, step, rows):

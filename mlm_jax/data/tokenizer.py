@@ -24,6 +24,7 @@ from mlm_jax.config_check import require
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 SPECIAL_IDS = (PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID)
+FIRST_NORMAL_ID = len(SPECIAL_IDS)
 # Literal special-token strings in corpus text would be read as the special
 # tokens themselves; prepare rewrites them as plain words.
 _LITERAL_SPECIALS = {tok: tok[1:-1] for tok in SPECIAL_TOKENS}

@@ -35,19 +35,21 @@ class Built:
   model_cfg: model_lib.ModelConfig
   abstract_state: step_lib.TrainState  # jax.ShapeDtypeStruct leaves with their shardings.
   train_step: Any     # (state, batch, dropout_rng) -> (state, metrics); donates the state.
-  eval_step: Any      # (state, batch) -> loss/accuracy sums.
+  eval_step: Any      # (state, batch) -> sums of step.mlm_loss_terms.
   dropout_rng: jax.Array
   chains: int         # config.train.concurrent_chains, resolved.
   init_state: Callable[[], step_lib.TrainState]  # A fresh state, made in its sharding.
 
 
-def build(config: ml_collections.ConfigDict, vocab_size: int, mesh) -> Built:
+def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
+          baseline_token: int = tok_lib.FIRST_NORMAL_ID) -> Built:
   """The model, the state's shardings and the jitted steps of `config` on `mesh`.
 
   The trainer, the benchmark and the pre-flight all build through here, so
   they train, time and compile the same program. Choices left to 'auto'
   (compute dtype, attention kernel, concurrent chains) are made for the
-  platform of the mesh's devices, not for the host's.
+  platform of the mesh's devices, not for the host's. `baseline_token`: the
+  training data's most frequent token, whose hit rate the steps report.
   """
   platform = mesh.devices.flat[0].platform
   pairs = config.sentence_pair.task != 'none'
@@ -67,7 +69,8 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh) -> Built:
   train_step = jax.jit(
       step_lib.make_train_step(step_lib.learning_rate_schedule(config.train),
                                config.train.grad_accum_steps, config.sentence_pair.loss_weight,
-                               chains),
+                               chains, baseline_token),
       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0)
-  eval_step = jax.jit(step_lib.eval_step, in_shardings=(state_sh, batch_sh), out_shardings=repl)
+  eval_step = jax.jit(step_lib.make_eval_step(baseline_token), in_shardings=(state_sh, batch_sh),
+                      out_shardings=repl)
   return Built(model_cfg, abstract_state, train_step, eval_step, dropout_rng, chains, init)

@@ -6,26 +6,24 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
-from jax.experimental import multihost_utils
 
 from mlm_jax.config_check import require
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
 from mlm_jax.runtime import sharding
+from mlm_jax.training import step as step_lib
 
 
 def evaluate(eval_step: Any, state: Any, data: prepare.PreparedData, masker: masking.Masker,
              eval_config: ml_collections.ConfigDict, sentence_pair: str, mesh) -> dict[str, Any]:
-  """Loss and MLM accuracy on the validation split (config.eval: batch, masks, limit).
+  """Loss and accuracy on the validation split (config.eval: batch, masks, limit).
 
-  Also scores the trivial baseline that always predicts the train split's most
-  frequent normal token, on the same masked slots.
+  Overall and per kind of masked slot, each next to the hit rate of always
+  answering the train split's most frequent normal token (the eval step's
+  baseline token); see step.slot_metrics.
   """
-  top_token = data.most_frequent_token()
-  totals = {'loss_sum': 0.0, 'correct_sum': 0.0, 'weight_sum': 0.0}
-  baseline_local = np.zeros(2)  # [hits, masked] on this process's rows
+  totals: dict[str, float] = {}
   source = data.source('validation')
   global_batch = pipeline.eval_batch_size(len(source), eval_config.batch_size, mesh.size)
   for host_batch in pipeline.eval_batches(
@@ -33,18 +31,15 @@ def evaluate(eval_step: Any, state: Any, data: prepare.PreparedData, masker: mas
       mask_seed=eval_config.mask_seed, max_batches=eval_config.max_batches,
       process_index=jax.process_index(), process_count=jax.process_count(),
       sentence_pair=sentence_pair):
-    w = host_batch['masked_weights']
-    baseline_local += [np.sum(w * (host_batch['masked_ids'] == top_token)), np.sum(w)]
     sums = jax.device_get(eval_step(state, sharding.to_global(host_batch, mesh)))
     for k, v in sums.items():
       totals[k] = totals.get(k, 0.0) + float(v)
-  if jax.process_count() > 1:
-    baseline_local = np.sum(multihost_utils.process_allgather(baseline_local), axis=0)
   denom = max(totals['weight_sum'], 1.0)
-  result = {'loss': totals['loss_sum'] / denom, 'mlm_accuracy': totals['correct_sum'] / denom,
-            'num_masked': totals['weight_sum'],
-            'baseline_accuracy': float(baseline_local[0] / max(baseline_local[1], 1.0)),
-            'baseline_token': data.tokenizer.id_to_piece(top_token)}
+  result: dict[str, Any] = {
+      'loss': totals['loss_sum'] / denom, 'mlm_accuracy': totals['correct_sum'] / denom,
+      'num_masked': totals['weight_sum'],
+      'baseline_token': data.tokenizer.id_to_piece(data.most_frequent_token()),
+      **step_lib.slot_metrics(totals)}
   if 'pair_weight_sum' in totals:
     rows = max(totals['pair_weight_sum'], 1.0)
     result['sentence_pair_loss'] = totals['pair_loss_sum'] / rows

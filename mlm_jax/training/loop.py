@@ -49,7 +49,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   if is_main:
     workdir_lib.record(workdir, resolved, data.tokenizer)
   mesh = sharding.make_mesh(config.mesh.fsdp)
-  built = build_lib.build(config, data.tokenizer.vocab_size, mesh)
+  built = build_lib.build(config, data.tokenizer.vocab_size, mesh,
+                          baseline_token=data.most_frequent_token())
   # ---------------------------------------------------------------- resume
   checkpointer = checkpoint.Checkpointer(workdir_lib.checkpoint_dir(workdir), config.train)
   state, start_step = _resume(built, checkpointer, config.init)
@@ -172,8 +173,7 @@ def _finish(config: ml_collections.ConfigDict, built: build_lib.Built, state: An
              'host_malloc': host_malloc.description(), 'state_bytes': size['total'],
              'state_bytes_per_device': size['per_device']}
   if last_eval:
-    result['eval_baseline_accuracy'] = last_eval['baseline_accuracy']
-    result['eval_baseline_token'] = last_eval['baseline_token']
+    result |= {f'eval_{k}': last_eval[k] for k in summary.EVAL_FIGURES if k in last_eval}
   if is_main:
     if last_eval:
       print(summary.eval_line(step, last_eval), flush=True)

@@ -25,7 +25,7 @@ from absl import logging
 from flax import traverse_util
 
 # Scalars that tell how a run did, declared to TensorBoard's hparams dashboard.
-_HPARAM_METRICS = ('eval/mlm_accuracy', 'eval/loss', 'train/loss')
+_HPARAM_METRICS = ('eval/mlm_accuracy', 'eval/context_ratio', 'eval/loss', 'train/loss')
 
 
 def tensorboard_tag(key: str) -> str:

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from mlm_jax.training import feed as feed_lib
 from mlm_jax.training import metrics as metrics_lib
+from mlm_jax.training import step as step_lib
 from mlm_jax.training import summary
 
 
@@ -87,15 +88,19 @@ class TrainingLog:
 
 
 def interval_means(metrics: list[dict[str, np.ndarray]]) -> dict[str, float]:
-  """Means over a log interval; loss and accuracy weighted by masked tokens."""
+  """A log interval's record: loss and accuracy weighted by masked tokens, the last
+  learning rate, the mean gradient norm, and accuracies by kind of slot next to the most
+  frequent token's rate (step.slot_metrics)."""
   masked = np.array([m['num_masked'] for m in metrics], np.float64)
   weights = masked / max(masked.sum(), 1.0)
+  sums = {k: float(sum(m[k] for m in metrics)) for k in metrics[0] if k.endswith('_sum')}
   record = {
       'loss': float(sum(w * m['loss'] for w, m in zip(weights, metrics))),
       'mlm_accuracy': float(sum(w * m['mlm_accuracy'] for w, m in zip(weights, metrics))),
       'learning_rate': float(metrics[-1]['learning_rate']),
       'grad_norm': float(np.mean([m['grad_norm'] for m in metrics])),
   }
+  record |= step_lib.slot_metrics(sums | {'weight_sum': float(masked.sum())})
   for name in ('sentence_pair_loss', 'sentence_pair_accuracy'):
     if name in metrics[0]:
       record[name] = float(np.mean([m[name] for m in metrics]))

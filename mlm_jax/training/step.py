@@ -20,6 +20,8 @@ import optax
 from flax.training import train_state
 
 from mlm_jax.config_check import require
+from mlm_jax.data import masking
+from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.runtime import sharding
 
 Array = jax.Array
@@ -31,7 +33,7 @@ def batch_spec(batch_size: int, seq_len: int, max_predictions: int,
   """Shapes and dtypes of a batch as the host pipeline (masking.Masker) makes it.
 
   input_ids, segment_ids, attention_mask [B, T] int32; masked_positions,
-  masked_ids [B, P] int32, masked_weights [B, P] float32; with a
+  masked_ids, masked_kinds [B, P] int32, masked_weights [B, P] float32; with a
   sentence-pair task also sentence_pair_labels [B] int32 and
   sentence_pair_weights [B] float32.
   """
@@ -39,7 +41,8 @@ def batch_spec(batch_size: int, seq_len: int, max_predictions: int,
   spec = {name: jax.ShapeDtypeStruct(shape, dtype) for name, shape, dtype in (
       ('input_ids', (b, t), jnp.int32), ('segment_ids', (b, t), jnp.int32),
       ('attention_mask', (b, t), jnp.int32), ('masked_positions', (b, p), jnp.int32),
-      ('masked_ids', (b, p), jnp.int32), ('masked_weights', (b, p), jnp.float32))}
+      ('masked_ids', (b, p), jnp.int32), ('masked_weights', (b, p), jnp.float32),
+      ('masked_kinds', (b, p), jnp.int32))}
   if sentence_pair:
     spec['sentence_pair_labels'] = jax.ShapeDtypeStruct((b,), jnp.int32)
     spec['sentence_pair_weights'] = jax.ShapeDtypeStruct((b,), jnp.float32)
@@ -87,15 +90,57 @@ def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransforma
                   eps=train.adam_eps, weight_decay=train.weight_decay, mask=weight_decay_mask))
 
 
-def mlm_loss_terms(logits: Array, masked_ids: Array, weights: Array) -> dict[str, Array]:
-  """logits [B, P, V], masked_ids [B, P], weights [B, P] -> sums (caller divides)."""
+def mlm_loss_terms(logits: Array, masked_ids: Array, weights: Array, kinds: Array | None = None,
+                   baseline_token: int = tok_lib.FIRST_NORMAL_ID) -> dict[str, Array]:
+  """logits [B, P, V], masked_ids, weights, kinds [B, P] -> sums (caller divides).
+
+  Besides the loss, accuracy and weight of all masked slots, the same sums per
+  kind of slot (what the input showed there: masking.SLOT_KINDS), and how
+  often always answering `baseline_token` (the most frequent token) would be
+  right, overall and per kind. Accuracy at [MASK] slots against that rate is
+  what the model learned from context (see `slot_metrics`). Without `kinds`,
+  the first three sums only.
+  """
   ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), masked_ids)
   correct = (jnp.argmax(logits, axis=-1) == masked_ids).astype(jnp.float32)
-  return {
+  terms = {
       'loss_sum': jnp.sum(ce * weights),
       'correct_sum': jnp.sum(correct * weights),
       'weight_sum': jnp.sum(weights),
   }
+  if kinds is None:
+    return terms
+  hit = (masked_ids == baseline_token).astype(jnp.float32)
+  terms['baseline_sum'] = jnp.sum(hit * weights)
+  for i, kind in enumerate(masking.SLOT_KINDS, start=1):
+    w = weights * (kinds == i)
+    terms |= {f'{kind}_loss_sum': jnp.sum(ce * w), f'{kind}_correct_sum': jnp.sum(correct * w),
+              f'{kind}_weight_sum': jnp.sum(w), f'{kind}_baseline_sum': jnp.sum(hit * w)}
+  return terms
+
+
+def slot_metrics(sums: dict[str, float]) -> dict[str, float]:
+  """Sums of mlm_loss_terms (over a log interval or an evaluation) -> ratios by kind of slot.
+
+  baseline_accuracy: how often always answering the most frequent token is
+  right, over all masked slots; per kind (mask, random, kept) its loss,
+  accuracy and baseline_accuracy; and context_ratio = accuracy at [MASK]
+  slots / the most frequent token's rate there, what the model learned from
+  context. A kind with no slot gets no entries.
+  """
+  def ratio(a: float, b: float) -> float:
+    return float(a) / max(float(b), 1.0)
+
+  out = {'baseline_accuracy': ratio(sums['baseline_sum'], sums['weight_sum'])}
+  for kind in masking.SLOT_KINDS:
+    w = sums[f'{kind}_weight_sum']
+    if w > 0:
+      out |= {f'{kind}_loss': ratio(sums[f'{kind}_loss_sum'], w),
+              f'{kind}_accuracy': ratio(sums[f'{kind}_correct_sum'], w),
+              f'{kind}_baseline_accuracy': ratio(sums[f'{kind}_baseline_sum'], w)}
+  if out.get('mask_baseline_accuracy'):
+    out['context_ratio'] = out['mask_accuracy'] / out['mask_baseline_accuracy']
+  return out
 
 
 def pair_loss_terms(logits: Array, labels: Array, weights: Array) -> dict[str, Array]:
@@ -106,8 +151,9 @@ def pair_loss_terms(logits: Array, labels: Array, weights: Array) -> dict[str, A
           'pair_weight_sum': jnp.sum(weights)}
 
 
-def _loss_terms(outputs: dict[str, Array], batch: Batch) -> dict[str, Array]:
-  terms = mlm_loss_terms(outputs['mlm_logits'], batch['masked_ids'], batch['masked_weights'])
+def _loss_terms(outputs: dict[str, Array], batch: Batch, baseline_token: int) -> dict[str, Array]:
+  terms = mlm_loss_terms(outputs['mlm_logits'], batch['masked_ids'], batch['masked_weights'],
+                         batch['masked_kinds'], baseline_token)
   if 'sentence_pair_logits' in outputs:
     terms |= pair_loss_terms(outputs['sentence_pair_logits'], batch['sentence_pair_labels'],
                              batch['sentence_pair_weights'])
@@ -125,7 +171,8 @@ def split_rows(batch: Batch, k: int) -> Batch:
 
 
 def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
-                    sentence_pair_weight: float = 1.0, chains: int = 1) -> Callable:
+                    sentence_pair_weight: float = 1.0, chains: int = 1,
+                    baseline_token: int = tok_lib.FIRST_NORMAL_ID) -> Callable:
   """Returns train_step(state, batch, rng) -> (state, metrics); jit it with donation.
 
   The objective is sum(w * CE) / |M| with |M| = sum(masked_weights) over the
@@ -143,6 +190,10 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
   that XLA's CPU runtime executes concurrently, one per core (its elementwise
   kernels are single-threaded). Chain j draws its dropout with
   fold_in(key, j); chains = 1 leaves the key as it is.
+
+  Besides loss, accuracy, learning rate and gradient norm, the metrics hold
+  the sums of mlm_loss_terms per kind of slot (`slot_metrics` turns those of
+  a log interval into ratios); `baseline_token` is the most frequent token.
   """
 
   def train_step(state: TrainState, batch: Batch, rng: Array):
@@ -153,7 +204,7 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
     def loss_fn(params, micro: Batch, key: Array):
       outputs = state.apply_fn({'params': params}, micro, deterministic=False,
                                rngs={'dropout': key}, method='pretrain')
-      terms = _loss_terms(outputs, micro)
+      terms = _loss_terms(outputs, micro, baseline_token)
       loss = terms['loss_sum'] / denom
       if 'pair_loss_sum' in terms:
         loss += sentence_pair_weight * terms['pair_loss_sum'] / num_pairs
@@ -193,6 +244,8 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
         'grad_norm': optax.tree.norm(grads),
         'num_masked': terms['weight_sum'],
         'num_tokens': jnp.sum(batch['attention_mask']),
+        **{k: v for k, v in terms.items() if k.startswith(masking.SLOT_KINDS)},
+        'baseline_sum': terms['baseline_sum'],
     }
     if 'pair_loss_sum' in terms:
       metrics['sentence_pair_loss'] = terms['pair_loss_sum'] / num_pairs
@@ -202,10 +255,15 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
   return train_step
 
 
-def eval_step(state: TrainState, batch: Batch) -> dict[str, Array]:
-  """Deterministic forward pass -> loss/accuracy sums over the global batch."""
-  outputs = state.apply_fn({'params': state.params}, batch, deterministic=True, method='pretrain')
-  return _loss_terms(outputs, batch)
+def make_eval_step(baseline_token: int = tok_lib.FIRST_NORMAL_ID) -> Callable:
+  """Returns eval_step(state, batch) -> sums of mlm_loss_terms over the global batch."""
+
+  def eval_step(state: TrainState, batch: Batch) -> dict[str, Array]:
+    outputs = state.apply_fn({'params': state.params}, batch, deterministic=True,
+                             method='pretrain')
+    return _loss_terms(outputs, batch, baseline_token)
+
+  return eval_step
 
 
 def _boxed_state(model: flax.linen.Module, tx: optax.GradientTransformation,
