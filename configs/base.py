@@ -121,10 +121,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Compute dtype: 'auto' (float32 on CPU, bfloat16 on GPU/TPU), 'float32'
   # or 'bfloat16'. Parameters are always float32.
   config.model.dtype = 'auto'
-  # Attention kernel: 'auto' (cuDNN fused attention on NVIDIA GPUs in
-  # bfloat16, XLA elsewhere), 'xla' or 'cudnn'. Training with
-  # attention_dropout_rate > 0 always uses the explicit softmax (the fused
-  # kernel has no dropout).
+  # Attention kernel (model/config.py ATTENTIONS): 'auto' picks cuDNN's fused
+  # kernel on NVIDIA GPUs in bfloat16, jax.nn.dot_product_attention on TPUs
+  # and ours ('xla') on CPUs, and ours whenever attention_dropout_rate > 0
+  # (only ours has that dropout). The run's log says which it compiled to.
   config.model.attention = 'auto'
   # Compile one block and nn.scan it over the layers (faster compiles of deep
   # models; parameters stored stacked, converted on export).

@@ -112,6 +112,29 @@ def test_attention_choice():
   assert not model_lib.uses_cudnn_attention(_cfg())                 # auto on a CPU
   assert not model_lib.uses_cudnn_attention(_cfg(attention='xla'))
   assert model_lib.uses_cudnn_attention(_cfg(attention='cudnn'))
+  resolve = model_lib.resolve_attention
+  bf16, f32 = jnp.bfloat16, jnp.float32
+  assert resolve('auto', 'gpu', bf16) == 'cudnn' and resolve('auto', 'gpu', f32) == 'xla'
+  assert resolve('auto', 'tpu', bf16) == 'dot_product' and resolve('auto', 'cpu', f32) == 'xla'
+  # With dropout on the probabilities only ours can train it, and the log says so.
+  assert resolve('auto', 'gpu', bf16, 0.1) == resolve('auto', 'tpu', bf16, 0.1) == 'xla'
+  assert 'attention dropout 0.1' in model_lib.describe_attention(
+      _cfg(attention='xla', attention_dropout_rate=0.1))
+
+
+@pytest.mark.parametrize('kernel', ['dot_product', 'xla'])
+def test_attention_kernels_agree_and_padding_rows_stay_finite(kernel):
+  """A layer through jax.nn.dot_product_attention equals ours; all-padding rows (eval's
+  padding) give finite outputs either way."""
+  x = jnp.asarray(np.random.default_rng(4).normal(size=(B, T, 32)), jnp.float32)
+  key_mask = jnp.asarray(np.arange(T)[None] < np.array([T, 7, 1, 0])[:, None])
+  from mlm_jax.model import layers
+  cfg = _cfg(attention='xla')
+  params = layers.SelfAttention(cfg).init(jax.random.key(0), x, key_mask, True)
+  ours = layers.SelfAttention(cfg).apply(params, x, key_mask, True)
+  other = layers.SelfAttention(_cfg(attention=kernel)).apply(params, x, key_mask, True)
+  assert np.isfinite(np.asarray(other)).all()
+  np.testing.assert_allclose(other[:3], ours[:3], atol=2e-5, rtol=2e-5)
 
 
 def test_softmax_attention_matches_the_library_with_its_gradients():

@@ -14,11 +14,12 @@ from mlm_jax.model.bert import unstack_layers
 from mlm_jax.model.config import STRUCTURE_DEFAULTS
 from mlm_jax.model.config import ModelConfig
 from mlm_jax.model.config import compute_dtype
+from mlm_jax.model.config import describe_attention
 from mlm_jax.model.config import resolve_attention
 from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import softmax_attention
 from mlm_jax.model.layers import uses_cudnn_attention
 
-__all__ = ['BertForMLM', 'ModelConfig', 'STRUCTURE_DEFAULTS', 'compute_dtype', 'drop_tokens', 'gelu',
+__all__ = ['BertForMLM', 'ModelConfig', 'STRUCTURE_DEFAULTS', 'compute_dtype', 'describe_attention', 'drop_tokens', 'gelu',
            'resolve_attention', 'softmax_attention', 'stack_layers', 'unstack_layers',
            'uses_cudnn_attention']

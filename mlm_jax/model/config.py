@@ -19,7 +19,12 @@ from mlm_jax.config_check import require
 Array = jax.Array
 
 DTYPES = ('auto', 'float32', 'bfloat16')       # 'auto': float32 on CPU, bfloat16 elsewhere.
-ATTENTIONS = ('auto', 'xla', 'cudnn')          # 'cudnn': the fused kernel (NVIDIA GPUs, 16-bit).
+# Attention kernels: 'xla' is ours (layers.softmax_attention, the only one with
+# dropout on the probabilities); 'dot_product' is jax.nn.dot_product_attention's
+# XLA path; 'cudnn' its fused kernel (NVIDIA GPUs, 16-bit). 'auto': resolve_attention.
+ATTENTIONS = ('auto', 'xla', 'dot_product', 'cudnn')
+# The kernels without dropout on the attention probabilities.
+NO_DROPOUT_ATTENTIONS = ('dot_product', 'cudnn')
 REMATS = ('none', 'dots', 'full')              # What a block keeps for the backward pass.
 
 
@@ -80,16 +85,33 @@ class ModelConfig:
 
 def resolve_attention(attention: str, platform: str, dtype: Any,
                       attention_dropout_rate: float = 0.0) -> str:
-  """config.model.attention for a platform: 'xla' or 'cudnn'.
+  """config.model.attention for a platform: 'xla', 'dot_product' or 'cudnn'.
 
-  'auto' is cuDNN's fused (flash) kernel on NVIDIA GPUs in 16-bit when
-  training has no attention dropout (the fused call has none), else XLA.
+  'auto' picks the fastest kernel that can train the config (docs/training.md):
+  with attention dropout only ours ('xla') can; without it, cuDNN's fused
+  (flash) kernel on NVIDIA GPUs in 16-bit, jax.nn.dot_product_attention on TPUs
+  (the TPU compiler estimates it at 0.5-0.6x the cycles of ours, attention
+  forward and backward, BERT-base heads at T=128 and 512), and ours on CPUs
+  (where it is the faster one).
   """
   if attention != 'auto':
     return attention
-  fused = (platform == 'gpu' and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-           and attention_dropout_rate == 0.0)
-  return 'cudnn' if fused else 'xla'
+  if attention_dropout_rate > 0:
+    return 'xla'
+  if platform == 'gpu' and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+    return 'cudnn'
+  return 'dot_product' if platform == 'tpu' else 'xla'
+
+
+def describe_attention(cfg: 'ModelConfig') -> str:
+  """What the train step's attention compiles to, and why (for the run's log)."""
+  kernel = {'xla': 'XLA, our formulation (layers.softmax_attention)',
+            'dot_product': "XLA, jax.nn.dot_product_attention(implementation='xla')",
+            'cudnn': "cuDNN's fused flash attention"}[cfg.attention]
+  if cfg.attention == 'xla' and cfg.attention_dropout_rate > 0:
+    kernel += (f'; attention dropout {cfg.attention_dropout_rate} keeps it there: the fused '
+               'and library kernels have no dropout on the probabilities')
+  return kernel
 
 
 def compute_dtype(name: str, platform: str | None = None):
@@ -114,11 +136,11 @@ def check_config(model: ml_collections.ConfigDict) -> None:
     require(0.0 <= model[name] < 1.0, f'config.model.{name}={model[name]} must be in [0, 1).')
   one_of('model', 'dtype', model.dtype, DTYPES)
   one_of('model', 'attention', model.attention, ATTENTIONS)
-  require(model.attention != 'cudnn' or model.attention_dropout_rate == 0.0,
-          f"config.model.attention='cudnn' with config.model.attention_dropout_rate="
-          f"{model.attention_dropout_rate}: cuDNN's fused attention has no dropout on the "
-          "attention probabilities; set the rate to 0, or attention='auto' to use XLA's "
-          'attention when the rate is above 0.')
+  require(model.attention not in NO_DROPOUT_ATTENTIONS or model.attention_dropout_rate == 0.0,
+          f'config.model.attention={model.attention!r} with config.model.attention_dropout_rate='
+          f'{model.attention_dropout_rate}: that kernel has no dropout on the attention '
+          "probabilities; set the rate to 0, or attention='auto' (or 'xla') to use ours "
+          'when the rate is above 0.')
   one_of('model', 'remat', model.remat, REMATS)
   require(0.0 <= model.drop_token_rate < 1.0,
           f'config.model.drop_token_rate={model.drop_token_rate} must be in [0, 1).')

@@ -42,11 +42,15 @@ def gelu(x: Array) -> Array:
   return 0.5 * x * (1.0 + jax.lax.erf(x * (1.0 / math.sqrt(2.0))))
 
 
+def attention_kernel(cfg: ModelConfig) -> str:
+  """cfg.attention, with 'auto' resolved for JAX's backend here ('xla', 'dot_product', 'cudnn')."""
+  return resolve_attention(cfg.attention, jax.default_backend(), cfg.dtype,
+                           cfg.attention_dropout_rate)
+
+
 def uses_cudnn_attention(cfg: ModelConfig) -> bool:
   """The fused cuDNN (flash) kernel: asked for, or 'auto' resolved to it on this backend."""
-  return resolve_attention(cfg.attention, jax.default_backend(), cfg.dtype,
-                           cfg.attention_dropout_rate) == 'cudnn'
-
+  return attention_kernel(cfg) == 'cudnn'
 
 
 def softmax_attention(q: Array, k: Array, v: Array, key_mask: Array,
@@ -78,8 +82,8 @@ class SelfAttention(nn.Module):
 
     Real tokens come first in every row and padding last, so the mask is also
     a length per row: the fused cuDNN kernel takes those lengths rather than
-    a dense [B, 1, T, T] mask (slow there). Attention-probability dropout is
-    not in jax.nn.dot_product_attention: with it, training takes the XLA path.
+    a dense [B, 1, T, T] mask (slow there). Only our kernel ('xla') has
+    dropout on the attention probabilities (config checks and 'auto' see to it).
     """
     cfg = self.cfg
     head_dim = cfg.hidden_size // cfg.num_heads
@@ -88,10 +92,14 @@ class SelfAttention(nn.Module):
         bias_init=zeros((HEADS, KV)), name=name)
     q, k, v = (cfg.batch_split(proj(name)(x)) for name in ('query', 'key', 'value'))  # [B, T, N, H]
     dropout = 0.0 if deterministic else cfg.attention_dropout_rate
-    if dropout == 0.0 and uses_cudnn_attention(cfg):
+    kernel = attention_kernel(cfg)
+    if dropout == 0.0 and kernel == 'cudnn':
       lengths = jnp.sum(key_mask, axis=-1, dtype=jnp.int32)
       out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
                                          implementation='cudnn')
+    elif dropout == 0.0 and kernel == 'dot_product':
+      out = jax.nn.dot_product_attention(q, k, v, mask=key_mask[:, None, None, :],
+                                         implementation='xla')
     else:
       out = softmax_attention(q, k, v, key_mask,
                               lambda w: nn.Dropout(dropout)(w, deterministic=dropout == 0.0))

@@ -168,13 +168,17 @@ class Preflight:
 
   # ---------------------------------------------------------- suggestions
 
-  def largest_batch(self, first: StepFigures, step: str = 'train') -> StepFigures | None:
+  def largest_batch(self, first: StepFigures, step: str = 'train',
+                    max_compiles: int = 4) -> StepFigures | None:
     """The largest per-device batch that fits (same accumulation and fsdp), compiled.
 
-    Memory grows about linearly with the batch: a line through the compiled
-    figures (the first through the memory that does not grow: state and
-    program) predicts the largest batch under the limit, which is compiled;
-    each compile refines the line. None when not even the smallest fits.
+    Memory grows about linearly with the batch (a little slower: the
+    compiler reuses buffers), so a line through the two latest figures (the
+    first: the memory that does not grow, state and program) predicts the
+    batch at the limit. Each prediction is compiled and kept inside the
+    bracket of batches known to fit and not to fit; the search stops at 95%
+    of the limit, when the bracket is within 5%, or after `max_compiles`.
+    None when the first does not fit and no smaller batch is found to.
     """
     n, limit = self.target.num_devices, (1.0 - HEADROOM) * self.usable_memory
     unit = first.grad_accum_steps if step == 'train' else 1
@@ -182,13 +186,16 @@ class Preflight:
     points = [(0, first.memory['state'] + first.memory['program']),
               (first.per_device_batch, first.total)]
     best = first if first.fits else None
-    for _ in range(4):
+    too_big = None if first.fits else first.per_device_batch
+    for _ in range(max_compiles):
       (b0, t0), (b1, t1) = points[-2:]
       per_row = max((t1 - t0) / (b1 - b0), 1.0) if b1 != b0 else max(t1 / b1, 1.0)
-      guess = int((limit - t1) / per_row + b1) // unit * unit
-      if guess < unit or any(guess == b for b, _ in points[1:]):
-        break
-      if best is not None and guess <= best.per_device_batch:
+      guess = (limit - t1) / per_row + b1
+      low = best.per_device_batch if best else 0
+      if too_big is not None and not low < guess < too_big:
+        guess = (low + too_big) / 2          # Outside the bracket: bisect it.
+      guess = _round_batch(int(guess), unit)
+      if guess <= low or (too_big is not None and guess >= too_big):
         break
       figures = self.compile(first.overrides() | {field: guess * n}, step)
       points.append((guess, figures.total))
@@ -196,6 +203,10 @@ class Preflight:
         best = figures
         if figures.total > 0.95 * limit:
           break
+      else:
+        too_big = guess
+      if best and too_big and too_big - best.per_device_batch <= 0.05 * best.per_device_batch:
+        break
     return best
 
   def suggestions(self, first: StepFigures) -> list[tuple[str, StepFigures]]:
@@ -392,6 +403,12 @@ def _with_overrides(config, overrides: dict[str, Any]):
       section, field = dotted.split('.')
       config[section][field] = value
   return config
+
+
+def _round_batch(rows: int, unit: int) -> int:
+  """`rows` down to a multiple of `unit`, and of 8 units once it is that large."""
+  step = unit * 8 if rows >= unit * 16 else unit
+  return rows // step * step
 
 
 def _accumulation_for(global_batch: int, num_devices: int, micro_rows: int) -> int | None:

@@ -30,13 +30,20 @@ from mlm_jax.perf import targets
 MODELS = {'base': 'configs.base', 'large': 'configs.large'}
 SEQ_LENS = (128, 512)
 TARGETS = ('v4-32', 'v5litepod-16', 'v5litepod-256', 'v5p-128', 'h100', 'h100x8', 'h100x8x4')
-# The first compile of a cell: a batch this small per device fits everywhere.
-_FIRST_ROWS_PER_DEVICE = 8
+# The first compile of a cell, rows per device by T: small enough to fit every
+# target, large enough that the line through it predicts the limit well.
+_FIRST_ROWS_PER_DEVICE = {128: 64, 512: 16}
 
 
 
-def cells() -> list[str]:
-  return [f'{m}-{t}@{target}' for target in TARGETS for m in MODELS for t in SEQ_LENS]
+def cells(order: tuple[str, ...] = TARGETS) -> list[str]:
+  """Every cell of the table, as MODEL-T@TARGET, targets in `order`."""
+  return [f'{m}-{t}@{target}' for target in order for m in MODELS for t in SEQ_LENS]
+
+
+def _compile_order() -> list[str]:
+  """GPU cells first: a deviceless GPU compile takes a minute, a TPU one several."""
+  return cells(tuple(sorted(TARGETS, key=lambda name: targets.parse(name).platform != 'gpu')))
 
 
 def size_cell(cell: str, log=print) -> dict[str, Any]:
@@ -49,7 +56,7 @@ def size_cell(cell: str, log=print) -> dict[str, Any]:
   start = time.perf_counter()
   check = preflight.Preflight(config, target, log=lambda s: log(f'{cell}: {s.strip()}'))
   n = target.num_devices
-  first = check.compile({'train.batch_size': _FIRST_ROWS_PER_DEVICE * n})
+  first = check.compile({'train.batch_size': _FIRST_ROWS_PER_DEVICE[int(seq_len)] * n})
   best = check.largest_batch(first)
   result: dict[str, Any] = {'cell': cell, 'model': model, 'seq_len': int(seq_len),
                             'target': target_name, 'num_devices': n,
@@ -133,7 +140,7 @@ def run(out: str, only: list[str]) -> None:
   unknown = [c for c in only if c not in cells()]
   if unknown:
     raise preflight.PreflightError(f'--only: unknown cells {unknown}; known: {", ".join(cells())}')
-  todo = only or [c for c in cells() if c not in results]
+  todo = only or [c for c in _compile_order() if c not in results]
   for cell in todo:
     print(f'{cell}: compiling...', file=sys.stderr, flush=True)
     results[cell] = size_cell(cell, log=lambda s: print(s, file=sys.stderr, flush=True))
