@@ -160,7 +160,7 @@ def test_sentence_pairs_are_a_function_of_seed_step_and_row(prepared):
   # Without a task the batches have no pair keys and a single segment.
   plain = next(input_pipeline.train_batches(source, m, global_batch=8, seed=3))
   assert set(plain) == {'input_ids', 'attention_mask', 'segment_ids', 'masked_positions',
-                        'masked_ids', 'masked_weights'}
+                        'masked_ids', 'masked_weights', 'masked_kinds'}
   assert not plain['segment_ids'].any()
 
 
