@@ -160,8 +160,19 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.concurrent_chains = 0
   # Peak learning rate.
   config.train.learning_rate = 1e-4
-  # Steps of linear warm-up from 0 to the peak; then linear decay to 0.
+  # Steps of linear warm-up from 0 to the peak ('one_cycle': a cosine rise).
   config.train.warmup_steps = 10_000
+  # Learning-rate schedule after warm-up: 'linear' (BERT: linear decay to 0
+  # at num_steps), 'wsd' (warmup-stable-decay: the peak until the last
+  # decay_fraction of the steps, then a decay to 0) or 'one_cycle' (optax's
+  # cosine one-cycle, from peak/25 up to the peak at warmup_steps, then down
+  # to ~0).
+  config.train.schedule = 'linear'
+  # 'wsd': fraction of num_steps spent decaying to 0 (Hägele et al., 2024:
+  # about 20% matches a cosine schedule).
+  config.train.decay_fraction = 0.2
+  # 'wsd': shape of that decay, 'linear' (Cramming) or '1-sqrt' (ModernBERT).
+  config.train.decay_shape = 'linear'
   # AdamW decoupled weight decay (not applied to biases and LayerNorm).
   config.train.weight_decay = 0.01
   # Adam beta1.

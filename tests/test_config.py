@@ -47,6 +47,10 @@ def test_every_config_field_has_a_comment(path):
     ('masking.mask_prob', 0.95, 'mask_prob + random_prob'),
     ('model.dtype', 'float16', "config.model.dtype='float16'"),
     ('train.num_steps', 0, 'config.train.num_steps=0'),
+    ('train.schedule', 'cosine',
+     "config.train.schedule='cosine': use 'linear', 'wsd' or 'one_cycle'."),
+    ('train.decay_shape', 'cosine', "config.train.decay_shape='cosine': use 'linear' or '1-sqrt'."),
+    ('train.decay_fraction', 0.0, 'config.train.decay_fraction=0.0 must be in (0, 1]'),
     ('data.val_fraction', 0.0, 'config.data.val_fraction=0.0'),
     ('tokenizer.vocab_size', 100, 'config.tokenizer.vocab_size=100'),
     ('data.corpus', '/no/such/dir/*.txt', 'config.data.corpus'),
@@ -59,6 +63,16 @@ def test_invalid_values_name_the_field(field, value, words):
   with pytest.raises(config_lib.ConfigError) as err:
     config_lib.validate(config, num_devices=8)
   assert words in str(err.value)
+
+
+def test_one_cycle_needs_its_peak_inside_the_run():
+  config = base.get_config()
+  config.train.schedule = 'one_cycle'
+  config_lib.validate(config, num_devices=8)
+  config.train.num_steps = config.train.warmup_steps
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"'one_cycle' needs warmup_steps=10000 < num_steps=10000"):
+    config_lib.validate(config, num_devices=8)
 
 
 def test_batch_must_divide_over_devices():

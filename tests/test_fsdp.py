@@ -35,7 +35,7 @@ def test_fsdp_splits_every_matrix_and_both_adam_moments():
              'masked_weights': jnp.zeros((1, 3))}
   train = ml_collections.ConfigDict(dict(
       learning_rate=1e-3, warmup_steps=1, num_steps=10, grad_clip_norm=1.0, adam_b1=0.9,
-      adam_b2=0.999, adam_eps=1e-6, weight_decay=0.01))
+      adam_b2=0.999, adam_eps=1e-6, weight_decay=0.01, schedule='linear'))
   mesh = sharding.make_mesh(fsdp=4)
   assert dict(mesh.shape) == {'data': 2, 'fsdp': 4}
   state, _ = step_lib.create_sharded_state(model_lib.BertForMLM(cfg), step_lib.make_optimizer(train),

@@ -42,7 +42,8 @@ def _batch(seed=0):
 
 def _train_config(**overrides):
   c = ConfigDict(dict(learning_rate=1e-3, warmup_steps=2, num_steps=10, weight_decay=0.01,
-                      adam_b1=0.9, adam_b2=0.999, adam_eps=1e-6, grad_clip_norm=1.0))
+                      adam_b1=0.9, adam_b2=0.999, adam_eps=1e-6, grad_clip_norm=1.0,
+                      schedule='linear', decay_fraction=0.2, decay_shape='linear'))
   c.update(overrides)
   return c
 
@@ -157,6 +158,52 @@ def test_schedule_warms_up_linearly_then_decays_to_zero():
   values = [float(schedule(s)) for s in range(13)]
   np.testing.assert_allclose(values[:5], [0, 0.25, 0.5, 0.75, 1.0], atol=1e-6)
   np.testing.assert_allclose(values[4:], np.linspace(1, 0, 9), atol=1e-6)
+
+
+@pytest.mark.parametrize('warmup,num_steps', [(4, 12), (0, 7), (30, 20), (10_000, 1_000_000)])
+def test_linear_schedule_is_unchanged(warmup, num_steps):
+  # BERT's schedule as it was before train.schedule existed, bit for bit.
+  peak = 1e-4
+  before = optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, max(warmup, 1)),
+       optax.linear_schedule(peak, 0.0, max(num_steps - warmup, 1))], [warmup])
+  now = step_lib.learning_rate_schedule(_train_config(learning_rate=peak, warmup_steps=warmup,
+                                                      num_steps=num_steps))
+  steps = np.unique(np.linspace(0, num_steps, 201).astype(np.int32))
+  np.testing.assert_array_equal(jax.vmap(now)(steps), jax.vmap(before)(steps))
+
+
+def _rates(steps, **train) -> np.ndarray:
+  """The learning rate at each of `steps` for a peak of 1."""
+  schedule = step_lib.learning_rate_schedule(_train_config(learning_rate=1.0, **train))
+  return np.array([float(schedule(s)) for s in steps])
+
+
+def test_wsd_schedule_warms_up_holds_the_peak_then_decays_to_zero():
+  wsd = dict(warmup_steps=4, num_steps=20, schedule='wsd', decay_fraction=0.25)
+  # Warm-up to step 4, the peak until the last 25% (5 steps) start at 15, 0 at 20.
+  np.testing.assert_allclose(_rates([0, 2, 4, 10, 15, 17, 19, 20], **wsd),
+                             [0, 0.5, 1, 1, 1, 0.6, 0.2, 0], atol=1e-6)
+  np.testing.assert_allclose(_rates([4, 10, 15, 16, 19, 20], **wsd, decay_shape='1-sqrt'),
+                             [1, 1, 1, 1 - np.sqrt(0.2), 1 - np.sqrt(0.8), 0], atol=1e-6)
+  # Decaying over the whole run is BERT's schedule.
+  np.testing.assert_allclose(_rates(range(21), **(wsd | {'decay_fraction': 1.0})),
+                             _rates(range(21), warmup_steps=4, num_steps=20), atol=1e-6)
+  # A trial run shorter than the warm-up only warms up.
+  assert _rates([19], **(wsd | {'warmup_steps': 40}))[0] == pytest.approx(19 / 40)
+
+
+def test_one_cycle_schedule_peaks_at_the_end_of_warm_up():
+  # int(13 / 23 * 23) is 12: optax given pct_start=13/23 would peak a step early.
+  values = _rates(range(24), warmup_steps=13, num_steps=23, schedule='one_cycle')
+  assert values.argmax() == 13 and values[13] == pytest.approx(1.0)
+  assert np.all(np.diff(values[:14]) > 0) and np.all(np.diff(values[13:]) < 0)
+  # Cosine from 1/25 up to 1, then down to 1/(25 * 1e4); halfway down at 18.
+  final = 1 / 25 / 1e4
+  np.testing.assert_allclose(values[[0, 18, 22, 23]],
+                             [1 / 25, (1 + final) / 2,
+                              final + (1 - final) * (1 + np.cos(0.9 * np.pi)) / 2, final],
+                             rtol=1e-5)
 
 
 def test_mlm_head_embedding_is_tied_to_the_input_embedding():

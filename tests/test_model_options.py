@@ -51,7 +51,7 @@ def _params(cfg, batch, seed=0):
 def _train_config(num_steps=5):
   return ml_collections.ConfigDict(dict(
       learning_rate=1e-3, warmup_steps=1, num_steps=num_steps, grad_clip_norm=1.0, adam_b1=0.9,
-      adam_b2=0.999, adam_eps=1e-6, weight_decay=0.01))
+      adam_b2=0.999, adam_eps=1e-6, weight_decay=0.01, schedule='linear'))
 
 
 def _loss_and_grads(cfg, params, batch, rng=jax.random.key(1)):
