@@ -52,7 +52,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.tokenizer.model_type = 'unigram'
   # Fraction of characters the vocabulary must cover (rest: byte fallback).
   config.tokenizer.character_coverage = 0.9995
-  # At most this many lines are sampled to train the tokenizer.
+  # At most this many lines are sampled to train the tokenizer (a line over
+  # sentencepiece's 4192-byte limit counts once per piece it is cut into).
   config.tokenizer.max_sentences = 2_000_000
   # An existing mlm_jax sentencepiece model to use instead of training one
   # (e.g. WORKDIR/tokenizer.model of an earlier run); the settings above are

@@ -178,3 +178,61 @@ def test_an_existing_tokenizer_is_used_instead_of_training_one(prepared, tmp_pat
   assert reused.data_dir != data.data_dir
   assert reused.tokenizer.model_proto == data.tokenizer.model_proto
   np.testing.assert_array_equal(reused.unigram_counts, data.unigram_counts)
+
+
+def _long_document() -> str:
+  """~20 kB of sentences on one line; the word 'zorbleflux' only in its last ~2 kB."""
+  body = [f'Sentence {i} of the long document talks about the weather and the sea.'
+          for i in range(260)]
+  tail = [f'The zorbleflux number {i} glows at night.' for i in range(60)]
+  return ' '.join(body + tail)
+
+
+def test_tokenizer_training_sees_all_of_a_long_line(tmp_path, monkeypatch):
+  long_doc = _long_document()
+  assert len(long_doc.encode()) > 4 * tok.MAX_SENTENCE_BYTES
+  assert 'zorbleflux' not in long_doc[:-2500]
+  short_docs = [d.replace('\n\n', '\n') for d, _ in zip(corpus.stdlib_docstrings(), range(150))]
+  (tmp_path / 'a.txt').write_text('\n\n'.join(short_docs[:75] + [long_doc] + short_docs[75:]))
+  config = micro_config(str(tmp_path / 'a.txt'), str(tmp_path / 'data'))
+  config.data.num_workers = 1
+  # BPE: on a corpus this small, unigram keeps few whole words of any frequency.
+  config.tokenizer.model_type = 'bpe'
+  assert not packing.is_validation(long_doc, config.data.val_fraction, config.data.split_seed)
+  fed = []
+  train = tok.spm.SentencePieceTrainer.train
+
+  def recording_train(sentence_iterator, **kwargs):
+    fed.extend(sentence_iterator)
+    return train(sentence_iterator=iter(fed), **kwargs)
+
+  monkeypatch.setattr(tok.spm.SentencePieceTrainer, 'train', recording_train)
+  data = prepare.prepare(config)
+  assert all(len(s.encode()) <= tok.MAX_SENTENCE_BYTES for s in fed)
+  pieces = [s for s in fed if 'long document' in s or 'zorbleflux' in s]
+  assert len(pieces) > 4 and ''.join(pieces) == long_doc
+  # Cut at sentence ends.
+  assert all(p.endswith('. ') for p in pieces[:-1])
+  assert '\u2581zorbleflux' in data.tokenizer.pieces()
+  info = data.report['tokenizer']
+  assert info['lines_split'] == 1 and info['capped_sentences'] == 0
+  assert info['bytes_sampled'] == info['bytes_seen']
+
+
+def test_a_line_without_spaces_is_split_between_characters():
+  rng = np.random.default_rng(0)
+  chars = np.array(list('a\u00e9\u65e5\U0001F600'))  # 1, 2, 3 and 4 bytes in UTF-8.
+  line = ''.join(rng.choice(chars, 8000))
+  pieces = tok.split_line(line)
+  sizes = [len(p.encode()) for p in pieces]
+  assert ''.join(pieces) == line
+  assert max(sizes) <= tok.MAX_SENTENCE_BYTES
+  # Each cut is at the last character boundary that fits.
+  assert all(s > tok.MAX_SENTENCE_BYTES - 4 for s in sizes[:-1])
+  assert min(sizes[:-1]) < tok.MAX_SENTENCE_BYTES
+
+
+def test_sentences_sentencepiece_would_skip_are_counted():
+  sample, info = tok.sample_lines(['kept', 'a \u2047 b'], 10, seed=0)
+  assert sample == ['kept']
+  assert (info['reserved_sentences'], info['reserved_bytes']) == (1, len('a \u2047 b'.encode()))

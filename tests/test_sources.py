@@ -167,8 +167,13 @@ def test_a_corpus_with_nothing_usable_is_an_error_before_training(tmp_path):
 def test_tokenizer_trains_on_a_bounded_sample_of_lines(tmp_path):
   lines = [f'line {i}' for i in range(10_000)] + ['x' * 5000]
   sample, info = tok.sample_lines(iter(lines), 100, seed=0)
-  assert info == {'lines_seen': 10_000, 'lines_sampled': 100, 'lines_too_long': 1}
-  ids = [int(s.split()[1]) for s in sample]
+  # The long line is two sentences (5000 bytes > MAX_SENTENCE_BYTES), not dropped.
+  assert {k: info[k] for k in ('lines_seen', 'lines_split', 'sentences_seen', 'sentences_sampled',
+                               'capped_sentences')} == {
+      'lines_seen': 10_001, 'lines_split': 1, 'sentences_seen': 10_002, 'sentences_sampled': 100,
+      'capped_sentences': 9_902}
+  assert info['bytes_sampled'] + info['capped_bytes'] == info['bytes_seen']
+  ids = [int(s.split()[1]) for s in sample if s.startswith('line ')]
   assert ids == sorted(ids) and 2000 < np.mean(ids) < 8000  # In order, spread over all.
   assert tok.sample_lines(iter(lines), 100, seed=0)[0] == sample
   assert tok.sample_lines(iter(lines[:50]), 100, seed=0)[0] == lines[:50]
@@ -176,7 +181,7 @@ def test_tokenizer_trains_on_a_bounded_sample_of_lines(tmp_path):
   (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS))
   config.tokenizer.max_sentences = 500
   report = prepare.prepare(config).report['tokenizer']
-  assert report['lines_sampled'] == 500 < report['lines_seen']
+  assert report['sentences_sampled'] == 500 < report['sentences_seen']
 
 
 def _prepare_in_subprocess(config_code: str, patch: str = '') -> subprocess.CompletedProcess:

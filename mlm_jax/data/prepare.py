@@ -18,7 +18,8 @@ split, so no held-out text is seen in training.
 
 Three stages, in DATA_DIR.partial, renamed to DATA_DIR when all are done:
   1. tokenizer: one pass over the training documents; a sample of at most
-     config.tokenizer.max_sentences of their lines trains sentencepiece.
+     config.tokenizer.max_sentences of their lines trains sentencepiece
+     (lines too long for it are cut into pieces first).
   2. tokenize, in `config.data.num_workers` processes: each unit of the corpus
      (a group of files, a range of tfds records) becomes units/NNNNNN/ (ids of
      its documents and their lengths and splits).
@@ -350,9 +351,9 @@ def format_report(report: dict, data_dir: str) -> str:
     lines.append(f'  {s}: {st["documents"]:,} documents, {st["tokens"]:,} tokens, '
                  f'{st["rows"]:,} rows, padding {st["padding_fraction"]:.4%}')
   t = report['tokenizer']
-  if t.get('trained'):
-    lines.append(f'  tokenizer: trained on {t["lines_sampled"]:,} of {t["lines_seen"]:,} lines '
-                 f'({t["lines_too_long"]:,} over {tok_lib.MAX_SENTENCE_BYTES} bytes ignored)')
+  # A tokenizer stage finished by an older version (a resumed prepare) has other counts.
+  if t.get('trained') and 'sentences_seen' in t:
+    lines.extend(f'  tokenizer: {line}' for line in tokenizer_sample_summary(t))
   inputs = report['inputs']
   counts = {k: v for k, v in inputs['counts'].items() if v}
   lines.append(f'  inputs: {json.dumps(counts)}')
@@ -386,10 +387,16 @@ def _tokenizer(out: str, corpus: corpus_lib.Corpus,
     logging.info('Training a %s tokenizer (vocab %d)', tok.model_type, tok.vocab_size)
     tally = corpus_lib.Tally()
     tally.add(corpus.tally.to_json())
-    lines, info = tok_lib.sample_lines(_train_lines(corpus, data, tally), tok.max_sentences,
-                                       seed=data.split_seed)
+    documents = [0]
+    lines, info = tok_lib.sample_lines(_train_lines(corpus, data, tally, documents),
+                                       tok.max_sentences, seed=data.split_seed)
     if not lines:
       _raise_no_text(corpus, tally)
+    info['documents'] = documents[0]
+    summary = tokenizer_sample_summary(info)
+    logging.info('Tokenizer training text: %s', summary[0])
+    for left_out in summary[1:]:
+      logging.warning('Tokenizer training text: %s', left_out)
     tokenizer = tok_lib.train_tokenizer(
         lines, tmp_path, vocab_size=tok.vocab_size, model_type=tok.model_type,
         character_coverage=tok.character_coverage, max_sentences=tok.max_sentences,
@@ -405,15 +412,47 @@ def _tokenizer(out: str, corpus: corpus_lib.Corpus,
   return tok_lib.Tokenizer(model_path), info
 
 
+def tokenizer_sample_summary(info: dict) -> list[str]:
+  """What tokenizer training saw (sample_lines' counts): a line, then one per part left out.
+
+  A sentence is one input of sentencepiece's trainer: a line, or a piece of a
+  line too long for it.
+  """
+  pieces = info['sentences_seen'] - info['lines_seen'] + info['lines_split']
+  split = (f'; {info["lines_split"]:,} lines over {tok_lib.MAX_SENTENCE_BYTES} bytes cut into '
+           f'{pieces:,} pieces' if info['lines_split'] else '')
+  out = [f'sampled {info["sentences_sampled"]:,} of {info["sentences_seen"]:,} sentences '
+         f'({_size(info["bytes_sampled"])} of {_size(info["bytes_seen"])}) from the '
+         f'{info["lines_seen"]:,} lines of {info["documents"]:,} training documents{split}']
+  if info['capped_sentences']:
+    out.append(f'{info["capped_sentences"]:,} sentences ({_size(info["capped_bytes"])}) left out: '
+               'the sample is capped at config.tokenizer.max_sentences')
+  if info['reserved_sentences']:
+    out.append(f'{info["reserved_sentences"]:,} sentences ({_size(info["reserved_bytes"])}) left '
+               "out: they hold U+2047, which sentencepiece reserves and skips")
+  return out
+
+
+def _size(num_bytes: int) -> str:
+  for unit, scale in (('GB', 1e9), ('MB', 1e6), ('kB', 1e3)):
+    if num_bytes >= scale:
+      return f'{num_bytes / scale:,.1f} {unit}'
+  return f'{num_bytes} bytes'
+
+
 def _train_lines(corpus: corpus_lib.Corpus, data: ml_collections.ConfigDict,
-                 tally: corpus_lib.Tally) -> Iterator[str]:
-  """The stripped non-empty lines of the training documents, in corpus order."""
+                 tally: corpus_lib.Tally, documents: list[int]) -> Iterator[str]:
+  """The stripped non-empty lines of the training documents, in corpus order.
+
+  Counts those documents in documents[0].
+  """
   is_val = False
   for unit in tqdm.tqdm(corpus.units, desc='tokenizer lines', unit='unit', mininterval=2):
     for first, piece in corpus.pieces(unit, tally):
       piece = tok_lib.sanitize(piece)
       if first:
         is_val = packing.is_validation(piece, data.val_fraction, data.split_seed)
+        documents[0] += not is_val
       if not is_val:
         for line in piece.splitlines():
           if line := line.strip():

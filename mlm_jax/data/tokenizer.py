@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 from collections.abc import Iterable
+from collections.abc import Iterator
 from collections.abc import Sequence
 
 import ml_collections
@@ -28,7 +30,8 @@ FIRST_NORMAL_ID = len(SPECIAL_IDS)
 # Literal special-token strings in corpus text would be read as the special
 # tokens themselves; prepare rewrites them as plain words.
 _LITERAL_SPECIALS = {tok: tok[1:-1] for tok in SPECIAL_TOKENS}
-# Sentencepiece's own limit (its default): longer training lines are ignored.
+# Sentencepiece's own limit (its default): it ignores longer training
+# sentences, so sample_lines cuts longer lines into pieces of at most this.
 MAX_SENTENCE_BYTES = 4192
 # Sentencepiece model types (config.tokenizer.model_type).
 MODEL_TYPES = ('unigram', 'bpe')
@@ -114,38 +117,104 @@ class Tokenizer:
     }
 
 
-def sample_lines(lines: Iterable[str], max_lines: int, seed: int) -> tuple[list[str], dict]:
-  """A uniform sample of at most `max_lines` of `lines`, in their original order.
+# A sentence end: '.', '!' or '?' (then closing quotes or brackets) and
+# whitespace, or a CJK full stop, exclamation or question mark. Bytes, so
+# cuts fall at byte offsets.
+_SENTENCE_END = re.compile(r'[.!?]+["\')\]]*\s+|(?:。|！|？)+\s*'.encode())
+# sentencepiece skips a training sentence that holds this character (its
+# stand-in for unknown characters).
+_RESERVED = '\u2047'
 
-  Reservoir sampling (Li's algorithm L), so memory holds only the sample
-  however long the stream. Lines sentencepiece would ignore (over
-  MAX_SENTENCE_BYTES) are dropped first. Returns (sample, counts).
+
+def split_line(line: str, max_bytes: int = MAX_SENTENCE_BYTES) -> list[str]:
+  """`line` cut into pieces of at most `max_bytes` UTF-8 bytes that join back into it.
+
+  Each cut falls after the last sentence end that fits (see _SENTENCE_END),
+  else after the last space or tab, else at the last UTF-8 character boundary
+  that fits (max_bytes >= 4 always leaves room for one character).
   """
+  data = line.encode()
+  pieces, start = [], 0
+  while len(data) - start > max_bytes:
+    cut = _cut(data, start, start + max_bytes)
+    pieces.append(data[start:cut].decode())
+    start = cut
+  pieces.append(data[start:].decode())
+  return pieces
+
+
+def _cut(data: bytes, start: int, limit: int) -> int:
+  """Where the piece of data that begins at `start` ends: in (start, limit]."""
+  ends = [m.end() for m in _SENTENCE_END.finditer(data, start, limit)]
+  if ends:
+    return ends[-1]
+  space = max(data.rfind(b' ', start, limit), data.rfind(b'\t', start, limit))
+  if space >= start:
+    return space + 1
+  cut = limit
+  while data[cut] & 0xC0 == 0x80:  # A UTF-8 continuation byte: inside a character.
+    cut -= 1
+  return cut
+
+
+def _sentences(lines: Iterable[str], counts: dict[str, int]) -> Iterator[tuple[str, int]]:
+  """(sentence, its UTF-8 size) for the trainer: lines, long ones split; counts what it sees."""
+  for line in lines:
+    size = len(line.encode())
+    counts['lines_seen'] += 1
+    counts['bytes_seen'] += size
+    if size <= MAX_SENTENCE_BYTES:
+      pieces = [(line, size)]
+    else:
+      counts['lines_split'] += 1
+      pieces = [(p, len(p.encode())) for p in split_line(line)]
+    for piece, piece_size in pieces:
+      counts['sentences_seen'] += 1
+      if _RESERVED in piece:
+        counts['reserved_sentences'] += 1
+        counts['reserved_bytes'] += piece_size
+      else:
+        yield piece, piece_size
+
+
+def sample_lines(lines: Iterable[str], max_lines: int, seed: int) -> tuple[list[str], dict]:
+  """A uniform sample of at most `max_lines` training sentences of `lines`, in their order.
+
+  sentencepiece ignores a sentence over MAX_SENTENCE_BYTES, so a longer line
+  is first cut into pieces that fit (split_line), each a sentence of its own.
+  Reservoir sampling (Li's algorithm L) keeps memory to the sample however
+  long the stream. Returns (sample, counts): lines and their bytes seen, lines
+  split, sentences seen and sampled with the bytes sampled, and what was left
+  out: sentences (and bytes) over the `max_lines` cap, and reserved_* ones
+  that sentencepiece would skip for holding U+2047.
+  """
+  counts = dict.fromkeys(('lines_seen', 'bytes_seen', 'lines_split', 'sentences_seen',
+                          'reserved_sentences', 'reserved_bytes'), 0)
   rng = random.Random(seed)
-  reservoir: list[tuple[int, str]] = []
-  seen = too_long = 0
+  reservoir: list[tuple[int, str, int]] = []
+  seen = 0
   w = next_take = 0.0
 
-  def skip() -> float:  # How many lines to pass over before the next replacement.
+  def skip() -> float:  # How many sentences to pass over before the next replacement.
     return math.floor(math.log(1.0 - rng.random()) / math.log(1.0 - w)) + 1
 
-  for line in lines:
-    if len(line) * 4 > MAX_SENTENCE_BYTES and len(line.encode()) > MAX_SENTENCE_BYTES:
-      too_long += 1
-      continue
+  for sentence, size in _sentences(lines, counts):
     if seen < max_lines:
-      reservoir.append((seen, line))
+      reservoir.append((seen, sentence, size))
       if seen == max_lines - 1:
         w = math.exp(math.log(1.0 - rng.random()) / max_lines)
         next_take = seen + skip()
     elif seen == next_take:
-      reservoir[rng.randrange(max_lines)] = (seen, line)
+      reservoir[rng.randrange(max_lines)] = (seen, sentence, size)
       w *= math.exp(math.log(1.0 - rng.random()) / max_lines)
       next_take = seen + skip()
     seen += 1
   reservoir.sort()
-  return [line for _, line in reservoir], {'lines_seen': seen, 'lines_sampled': len(reservoir),
-                                           'lines_too_long': too_long}
+  sampled_bytes = sum(size for _, _, size in reservoir)
+  counts |= {'sentences_sampled': len(reservoir), 'bytes_sampled': sampled_bytes,
+             'capped_sentences': seen - len(reservoir),
+             'capped_bytes': counts['bytes_seen'] - counts['reserved_bytes'] - sampled_bytes}
+  return [sentence for _, sentence, _ in reservoir], counts
 
 
 def train_tokenizer(lines: Iterable[str], model_path: str, *, vocab_size: int,
