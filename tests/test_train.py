@@ -82,6 +82,25 @@ def test_resume_with_another_model_shape_is_refused(prepared, tmp_path):
   with pytest.raises(checkpoint.CheckpointMismatchError, match='hidden_size'):
     trainer.train_and_evaluate(config, workdir)
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['4']
+  # The refused resume left the run's record alone.
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f)['model']['hidden_size'] != 64
+
+
+def test_resume_with_another_tokenizer_is_refused(prepared, tmp_path):
+  config, data = prepared
+  workdir = tmp_path / 'run'
+  config = config.copy_and_resolve_references()
+  config.train.num_steps = 2
+  trainer.train_and_evaluate(config, str(workdir))
+  # Same vocabulary size, other pieces: a data dir prepared again with other settings.
+  recorded = (workdir / 'tokenizer.model').read_bytes()
+  (workdir / 'tokenizer.model').write_bytes(recorded + b'\0')
+  config.train.num_steps = 4
+  with pytest.raises(checkpoint.CheckpointMismatchError, match='tokenizer'):
+    trainer.train_and_evaluate(config, str(workdir))
+  assert (workdir / 'tokenizer.model').read_bytes() == recorded + b'\0'
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['2']
 
 
 def _train_cmd(config_file, workdir):

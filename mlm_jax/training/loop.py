@@ -46,15 +46,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   data = _prepared_data(config)
   masker = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts,
                                data.tokenizer.pieces())
-  resolved = workdir_lib.resolved_config(config, data)
-  if is_main:
-    workdir_lib.record(workdir, resolved, data.tokenizer)
+  workdir_lib.check_tokenizer(workdir, data.tokenizer)
   mesh = sharding.make_mesh(config.mesh.fsdp)
   built = build_lib.build(config, data.tokenizer.vocab_size, mesh,
                           baseline_token=data.most_frequent_token())
   # ---------------------------------------------------------------- resume
   checkpointer = checkpoint.Checkpointer(workdir_lib.checkpoint_dir(workdir), config.train)
   state, start_step = _resume(built, checkpointer, config.init)
+  resolved = workdir_lib.resolved_config(config, data)
+  if is_main:   # Only once the checkpoints are known to fit: a refused resume keeps the record.
+    workdir_lib.record(workdir, resolved, data.tokenizer)
   _log_start(data, built, state, mesh)
   # ------------------------------------------------------------------ loop
   train = config.train

@@ -11,6 +11,7 @@ A resumed run writes config.json again; everything else it appends to.
 from __future__ import annotations
 
 import dataclasses
+import filecmp
 import json
 import os
 import shutil
@@ -40,6 +41,23 @@ def resolved_config(config: ml_collections.ConfigDict,
                           'num_devices': jax.device_count(), 'num_processes': jax.process_count(),
                           'backend': jax.default_backend()}
   return resolved
+
+
+def check_tokenizer(workdir: str, tokenizer: tok_lib.Tokenizer) -> None:
+  """Refuses to resume checkpoints with a tokenizer other than the one they were trained with.
+
+  The same vocabulary size is not enough: ids would silently mean other
+  pieces (a data dir prepared again with other tokenizer settings).
+  """
+  recorded, checkpoints = os.path.join(workdir, 'tokenizer.model'), checkpoint_dir(workdir)
+  if not (os.path.exists(recorded) and os.path.isdir(checkpoints) and os.listdir(checkpoints)):
+    return
+  if not filecmp.cmp(recorded, tokenizer.model_path, shallow=False):
+    raise ckpt_lib.CheckpointMismatchError(
+        f'{workdir} holds checkpoints trained with {recorded}, but the data dir\'s tokenizer '
+        f'{tokenizer.model_path} differs: resume with the data dir that run used '
+        f'(its config.json names it), set --config.tokenizer.model_file={recorded} and '
+        f'prepare again, or start a new --workdir.')
 
 
 def record(workdir: str, resolved: dict[str, Any], tokenizer: tok_lib.Tokenizer) -> None:
