@@ -19,6 +19,7 @@ from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.perf import bench
 from mlm_jax.perf import flops as flops_lib
+from mlm_jax.perf import host as host_lib
 from tests.conftest import REPO
 from tests.conftest import micro_config
 
@@ -153,3 +154,47 @@ def test_synthetic_rows_are_full_and_masked_by_the_masker():
   assert batches[0]['attention_mask'].all()
   assert ((ids == tok_lib.MASK_ID).sum(axis=1) > 0).all()
   assert not np.array_equal(ids, batches[1]['input_ids'])
+
+
+# Two processors of a Sapphire Rapids part: only the first block is read.
+_INTEL_CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu sse2 avx avx2 fma avx512f avx512dq avx512_vnni avx512_bf16 amx_bf16 amx_tile
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu sse2 avx avx2 fma avx512f avx512dq avx512_vnni avx512_bf16 amx_bf16 amx_tile
+"""
+
+_AMD_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse2 avx avx2 fma4 misalignsse
+"""
+
+
+def test_cpuinfo_names_the_model_and_the_vector_extensions():
+  intel = host_lib.parse_cpuinfo(_INTEL_CPUINFO)
+  assert intel == {'model_name': 'Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz',
+                   'vendor': 'GenuineIntel',
+                   'extensions': ['AVX2', 'FMA', 'AVX512F', 'AVX512-VNNI', 'AVX512-BF16',
+                                  'AMX-TILE', 'AMX-BF16']}
+  # fma4 is not FMA (FMA3): flags match whole words.
+  amd = host_lib.parse_cpuinfo(_AMD_CPUINFO)
+  assert amd == {'model_name': 'AMD EPYC 7B13', 'vendor': 'AuthenticAMD', 'extensions': ['AVX2']}
+  # ARM Linux names no model: the platform's word for it, never None.
+  assert host_lib.parse_cpuinfo('processor\t: 0\nFeatures\t: fp asimd\n')['model_name'] is None
+  assert host_lib.describe(cpuinfo='')['cpu']['model_name']
+
+
+def test_host_summary_ties_figures_to_the_cpu_and_libraries():
+  summary = host_lib.describe(cpuinfo=_AMD_CPUINFO)['summary']
+  assert summary.startswith('AMD EPYC 7B13, ') and ', AVX2, no AVX-512; jax ' in summary
+  intel = host_lib.describe(accelerator='NVIDIA H100 80GB HBM3', cpuinfo=_INTEL_CPUINFO)
+  assert intel['summary'].startswith('NVIDIA H100 80GB HBM3; host Intel(R) Xeon(R)')
+  assert 'AVX512-BF16+AMX-TILE+AMX-BF16; jax' in intel['summary']
+  assert intel['versions']['jax'] == jax.__version__
+  cpu = intel['cpu']
+  assert 1 <= (cpu['usable_cores'] or cpu['logical_cores']) <= cpu['logical_cores']
