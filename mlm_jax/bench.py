@@ -3,8 +3,8 @@
 Times the jitted train step of a config and prints the median step time,
 tokens/s, MFU, compile time and peak memory; --compare=hf times Hugging
 Face's BertForMaskedLM on the same batches in the same process;
---json_out keeps every figure. Any config field can be overridden, e.g.
---config.train.batch_size=8. See mlm_jax/perf/bench.py and docs/benchmarks.md.
+--json_out keeps every figure and the host they were measured on. Any
+config field can be overridden, e.g. --config.train.batch_size=8. See mlm_jax/perf/bench.py and docs/benchmarks.md.
 """
 
 from __future__ import annotations

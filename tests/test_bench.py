@@ -108,6 +108,9 @@ def test_bench_tiny_with_hf_comparison(tmp_path):
   assert 'n/a' not in out.stdout
 
   result = json.loads(json_out.read_text())
+  # The figures name their host: the report's first line, the whole of it in the JSON.
+  assert out.stdout.splitlines()[0] == result['host']['summary']
+  assert result['host']['versions']['torch'] and result['host']['cpu']['logical_cores'] >= 1
   b, t = 8, 128
   assert result['tokens_per_step'] == b * t  # Full rows: every token is real.
   assert result['command'].endswith(' '.join(cmd[3:]))
@@ -128,7 +131,6 @@ def test_bench_tiny_with_hf_comparison(tmp_path):
       ours['tokens_per_sec'] / hf['tokens_per_sec'])
   assert result['ratio_tokens_per_sec_best_window'] == pytest.approx(
       hf['step_time_s']['min'] / ours['step_time_s']['min'])
-  assert result['machine']['torch_version'] and result['machine']['cpu_count'] >= 1
 
 
 def test_without_a_known_peak_mfu_is_na():

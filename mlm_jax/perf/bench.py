@@ -16,12 +16,14 @@ and weight-decay mask) run through Hugging Face's `BertForMaskedLM` in PyTorch
 in the same process: float32 eager on CPU; on a GPU bf16 autocast (when our
 compute dtype is bf16), SDPA attention and `torch.compile`. Timing windows of
 the two alternate, so both see the same machine load.
+
+Every result carries `host` (host.py): the CPU, its cores and vector
+extensions and the library versions, since a CPU figure holds for one CPU.
 """
 
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 from typing import Any
@@ -38,6 +40,7 @@ from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop import hf as hf_lib
 from mlm_jax.perf import flops as flops_lib
 from mlm_jax.perf import hf_peer
+from mlm_jax.perf import host as host_lib
 from mlm_jax.runtime import host_malloc
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
@@ -191,6 +194,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
   peak = flops_lib.peak_flops_per_device(device_kind, peak_tflops or config.profile.peak_tflops)
   flops_per_token = _flops_per_token(model_cfg, config.data.seq_len, config.masking.max_predictions)
   result = {
+      'host': host_lib.describe(accelerator=None if backend == 'cpu' else device_kind),
       'machine': _machine(backend, device_kind, compare),
       'shape': _shape(config, model_cfg) | {'concurrent_chains': ours.chains},
       'timing': {'warmup': warmup, 'steps': steps, 'repeats': repeats, 'num_batches': num_batches},
@@ -237,15 +241,12 @@ def _shape(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig) 
 
 
 def _machine(backend: str, device_kind: str, compare: str) -> dict[str, Any]:
-  machine = {'jax_version': jax.__version__, 'jax_backend': backend, 'device_kind': device_kind,
-             'num_devices': jax.device_count(), 'cpu_count': os.cpu_count(),
-             'python': platform.python_version(), 'platform': platform.platform(),
-             'host_malloc': host_malloc.description()}
+  """How this run used the machine; what the machine is, is `host` (host.py)."""
+  machine = {'jax_backend': backend, 'device_kind': device_kind,
+             'num_devices': jax.device_count(), 'host_malloc': host_malloc.description()}
   if compare == 'hf':
-    import torch
-    import transformers
-    machine.update(torch_version=torch.__version__, transformers_version=transformers.__version__,
-                   torch_num_threads=torch.get_num_threads())
+    torch = hf_lib.require('torch')
+    machine['torch_num_threads'] = torch.get_num_threads()
     if torch.cuda.is_available():
       machine['torch_device_name'] = torch.cuda.get_device_name()
   return machine
@@ -255,7 +256,7 @@ def _machine(backend: str, device_kind: str, compare: str) -> dict[str, Any]:
 
 
 def format_report(result: dict[str, Any]) -> str:
-  """The readable table printed by the command."""
+  """The readable table printed by the command, under the host line."""
   s, m = result['shape'], result['machine']
   systems = [result['ours']] + ([result['hf']] if 'hf' in result else [])
 
@@ -284,15 +285,15 @@ def format_report(result: dict[str, Any]) -> str:
   width = max(len(name) for name, _ in rows)
   col = max(len(v) for _, values in rows for v in values[:1] + [systems[0]['name']]) + 2
   lines = [
+      result['host']['summary'],
       f'L={s["num_layers"]} d={s["hidden_size"]} heads={s["num_heads"]} '
       f'd_ff={s["intermediate_size"]} T={s["seq_len"]} P={s["max_predictions"]} '
       f'V={s["padded_vocab_size"]} ({s["vocab_size"]} real) B={s["batch_size"]} {s["dtype"]} '
       f'dropout={s["dropout_rate"]}/{s["attention_dropout_rate"]} '
       f'chains={s.get("concurrent_chains", 1)}',
-      f'{m["jax_backend"]}: {m["num_devices"]} x {m["device_kind"]}, {m["cpu_count"]} CPUs, '
-      f'jax {m["jax_version"]}' + (f', torch {m["torch_version"]}' if 'torch_version' in m else '')
-      + f'; host malloc {m.get("host_malloc", "default")}'
-      + (' (both systems: one process)' if 'torch_version' in m else ''),
+      f'{m["jax_backend"]}: {m["num_devices"]} x {m["device_kind"]}; '
+      f'host malloc {m.get("host_malloc", "default")}'
+      + (' (both systems: one process)' if 'hf' in result else ''),
       f'{result["timing"]["repeats"]} windows of {result["timing"]["steps"]} steps after '
       f'{result["timing"]["warmup"]} warm-up steps; {result["tokens_per_step"]:,.0f} tokens/step; '
       f'{result["flops_per_token"] / 1e6:,.2f} MFLOPs/token (flops.py)',
