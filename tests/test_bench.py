@@ -19,6 +19,8 @@ from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.perf import bench
 from mlm_jax.perf import flops as flops_lib
+from mlm_jax.perf import hf_peer
+from mlm_jax.perf import host as host_lib
 from tests.conftest import REPO
 from tests.conftest import micro_config
 
@@ -101,12 +103,15 @@ def test_bench_tiny_with_hf_comparison(tmp_path):
          '--peak_tflops=1', '--compare=hf', f'--json_out={json_out}']
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
-  for field in ('step time', 'tokens/s', 'MFU', 'compile', 'peak memory', 'mlm_jax / HF tokens/s',
-                'on all T positions'):
+  for field in ('step time', 'tokens/s', 'MFU', 'compile', 'peak memory',
+                'mlm_jax / HF eager tokens/s', 'on all T positions'):
     assert field in out.stdout, out.stdout
-  assert 'n/a' not in out.stdout
+  assert 'n/a' not in out.stdout and 'torch.compile' not in out.stdout
 
   result = json.loads(json_out.read_text())
+  # The figures name their host: the report's first line, the whole of it in the JSON.
+  assert out.stdout.splitlines()[0] == result['host']['summary']
+  assert result['host']['versions']['torch'] and result['host']['cpu']['logical_cores'] >= 1
   b, t = 8, 128
   assert result['tokens_per_step'] == b * t  # Full rows: every token is real.
   assert result['command'].endswith(' '.join(cmd[3:]))
@@ -127,7 +132,57 @@ def test_bench_tiny_with_hf_comparison(tmp_path):
       ours['tokens_per_sec'] / hf['tokens_per_sec'])
   assert result['ratio_tokens_per_sec_best_window'] == pytest.approx(
       hf['step_time_s']['min'] / ours['step_time_s']['min'])
-  assert result['machine']['torch_version'] and result['machine']['cpu_count'] >= 1
+  assert 'hf_compiled' not in result and 'ratio_tokens_per_sec_compiled' not in result
+
+
+def test_bench_with_torch_compile_peer(tmp_path):
+  """--hf_compile: HF eager and compiled both timed, the same losses, a ratio to each."""
+  if hf_peer.cxx_compiler() is None:  # Asked here: it imports torch.
+    pytest.skip('torch.compile on CPU builds its kernels with a C++ compiler; none on PATH')
+  json_out = tmp_path / 'bench.json'
+  cmd = [sys.executable, '-m', 'mlm_jax.bench', '--config=configs/tiny.py',
+         '--config.model.num_layers=1', '--config.train.batch_size=8',
+         '--config.data.seq_len=32', '--config.masking.max_predictions=6', '--warmup=1',
+         '--steps=2', '--repeats=2', '--compare=hf', '--hf_compile', f'--json_out={json_out}']
+  out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stderr[-3000:]
+  result = json.loads(json_out.read_text())
+  assert 'hf_compile_error' not in result, result['hf_compile_error']
+  eager, compiled = result['hf'], result['hf_compiled']
+  assert not eager['torch_compile'] and compiled['torch_compile']
+  # Compilation happens in the untimed first step, not in the timing windows.
+  assert compiled['first_step_s'] > compiled['step_time_s']['max']
+  # The same seed, batches and learning rates: compiling changes no result.
+  assert compiled['final_loss'] == pytest.approx(eager['final_loss'], rel=1e-3)
+  assert compiled['num_params'] == eager['num_params'] == result['ours']['num_params']
+  assert result['ratio_tokens_per_sec_compiled'] == pytest.approx(
+      result['ours']['tokens_per_sec'] / compiled['tokens_per_sec'])
+  assert result['ratio_tokens_per_sec'] == pytest.approx(
+      result['ours']['tokens_per_sec'] / eager['tokens_per_sec'])
+  assert 'ratio_tokens_per_sec_best_window_compiled' in result
+  for line in ('mlm_jax / HF eager tokens/s', 'mlm_jax / HF torch.compile tokens/s',
+               '(first step, torch.compile)'):
+    assert line in out.stdout, out.stdout
+  assert out.stdout.splitlines()[0] == result['host']['summary']
+
+
+def test_torch_compile_that_cannot_run_is_a_note(monkeypatch):
+  """Without a C++ compiler the eager comparison stands and one line says why."""
+  monkeypatch.setattr(hf_peer, 'cxx_compiler', lambda: None)
+  config = micro_config('', '')
+  config.model.num_layers = 1
+  config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+  result = bench.run_benchmark(config, warmup=1, steps=1, repeats=1, num_batches=1,
+                               compare='hf', hf_compile=True)
+  assert 'hf_compiled' not in result and 'ratio_tokens_per_sec_compiled' not in result
+  note = result['hf_compile_error']
+  assert note.startswith('torch.compile did not run') and 'no C++ compiler' in note
+  assert '\n' not in note
+  report = bench.format_report(result)
+  assert note in report.splitlines() and 'mlm_jax / HF eager tokens/s' in report
+  assert result['ratio_tokens_per_sec'] > 0 and result['host']['summary'] in report
+  with pytest.raises(config_lib.ConfigError, match='--compare=hf'):
+    bench.run_benchmark(config, hf_compile=True)
 
 
 def test_without_a_known_peak_mfu_is_na():
@@ -153,3 +208,47 @@ def test_synthetic_rows_are_full_and_masked_by_the_masker():
   assert batches[0]['attention_mask'].all()
   assert ((ids == tok_lib.MASK_ID).sum(axis=1) > 0).all()
   assert not np.array_equal(ids, batches[1]['input_ids'])
+
+
+# Two processors of a Sapphire Rapids part: only the first block is read.
+_INTEL_CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu sse2 avx avx2 fma avx512f avx512dq avx512_vnni avx512_bf16 amx_bf16 amx_tile
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu sse2 avx avx2 fma avx512f avx512dq avx512_vnni avx512_bf16 amx_bf16 amx_tile
+"""
+
+_AMD_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse2 avx avx2 fma4 misalignsse
+"""
+
+
+def test_cpuinfo_names_the_model_and_the_vector_extensions():
+  intel = host_lib.parse_cpuinfo(_INTEL_CPUINFO)
+  assert intel == {'model_name': 'Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz',
+                   'vendor': 'GenuineIntel',
+                   'extensions': ['AVX2', 'FMA', 'AVX512F', 'AVX512-VNNI', 'AVX512-BF16',
+                                  'AMX-TILE', 'AMX-BF16']}
+  # fma4 is not FMA (FMA3): flags match whole words.
+  amd = host_lib.parse_cpuinfo(_AMD_CPUINFO)
+  assert amd == {'model_name': 'AMD EPYC 7B13', 'vendor': 'AuthenticAMD', 'extensions': ['AVX2']}
+  # ARM Linux names no model: the platform's word for it, never None.
+  assert host_lib.parse_cpuinfo('processor\t: 0\nFeatures\t: fp asimd\n')['model_name'] is None
+  assert host_lib.describe(cpuinfo='')['cpu']['model_name']
+
+
+def test_host_summary_ties_figures_to_the_cpu_and_libraries():
+  summary = host_lib.describe(cpuinfo=_AMD_CPUINFO)['summary']
+  assert summary.startswith('AMD EPYC 7B13, ') and ', AVX2, no AVX-512; jax ' in summary
+  intel = host_lib.describe(accelerator='NVIDIA H100 80GB HBM3', cpuinfo=_INTEL_CPUINFO)
+  assert intel['summary'].startswith('NVIDIA H100 80GB HBM3; host Intel(R) Xeon(R)')
+  assert 'AVX512-BF16+AMX-TILE+AMX-BF16; jax' in intel['summary']
+  assert intel['versions']['jax'] == jax.__version__
+  cpu = intel['cpu']
+  assert 1 <= (cpu['usable_cores'] or cpu['logical_cores']) <= cpu['logical_cores']

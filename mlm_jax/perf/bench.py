@@ -14,14 +14,19 @@ With --compare=hf the same model shape (layers, widths, padded vocabulary),
 batch, masked positions and optimizer (AdamW, same hyper-parameters, clipping
 and weight-decay mask) run through Hugging Face's `BertForMaskedLM` in PyTorch
 in the same process: float32 eager on CPU; on a GPU bf16 autocast (when our
-compute dtype is bf16), SDPA attention and `torch.compile`. Timing windows of
-the two alternate, so both see the same machine load.
+compute dtype is bf16), SDPA attention and `torch.compile`. With --hf_compile
+HF runs twice, eager and under `torch.compile`, on either device; if
+torch.compile cannot run, a one-line note says why and the rest stands.
+Timing windows of all systems alternate, so all see the same machine load.
+
+Every result carries `host` (host.py): the CPU, its cores and vector
+extensions and the library versions, since a CPU figure holds for one CPU.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import platform
 import statistics
 import time
 from typing import Any
@@ -38,6 +43,7 @@ from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop import hf as hf_lib
 from mlm_jax.perf import flops as flops_lib
 from mlm_jax.perf import hf_peer
+from mlm_jax.perf import host as host_lib
 from mlm_jax.runtime import host_malloc
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
@@ -137,14 +143,69 @@ def _summarise(timed: hf_peer.Timed, tokens_per_step: float, flops_per_token: fl
   }
 
 
+# ----------------------------------------------------------- peers (torch)
+
+# Result keys of HF's runs; a key's ratios are named 'ratio_tokens_per_sec' + its suffix.
+PEERS = {'hf': '', 'hf_compiled': '_compiled'}
+
+
+def _warm_peer(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig,
+               host_batches: list[dict[str, np.ndarray]], lrs: np.ndarray, warmup: int,
+               use_gpu: bool, compiled: bool, log: Callable[[str], None]) -> hf_peer.TorchRunner:
+  peer = hf_peer.TorchRunner(config, model_cfg, host_batches, lrs, use_gpu, compiled)
+  log(f'Warming up {peer.timed.name} on {peer.timed.info["device"]}...')
+  # torch.compile compiles here: kept apart from the timed windows.
+  peer.timed.info['first_step_s'] = peer.run(1)
+  if warmup > 1:
+    peer.run(warmup - 1)
+  return peer
+
+
+def _hf_peers(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig,
+              host_batches: list[dict[str, np.ndarray]], warmup: int, repeats: int, steps: int,
+              use_gpu: bool, hf_compile: bool,
+              log: Callable[[str], None]) -> tuple[dict[str, hf_peer.TorchRunner], str | None]:
+  """HF's runs by result key, warmed up, and why torch.compile did not run, if it did not."""
+  # The learning rates our schedule gives at each step (it matters little for speed).
+  schedule = step_lib.learning_rate_schedule(config.train)
+  lrs = np.asarray(schedule(np.arange(max(warmup, 1) + repeats * steps + 1)))
+  warm = functools.partial(_warm_peer, config, model_cfg, host_batches, lrs, warmup, use_gpu,
+                           log=log)
+  # Alone, HF runs as it is usually run on the device (compiled on GPU only);
+  # --hf_compile asks for both, so then the first run is eager everywhere.
+  peers = {'hf': warm(compiled=use_gpu and not hf_compile)}
+  if not hf_compile:
+    return peers, None
+  try:
+    peers['hf_compiled'] = warm(compiled=True)
+  except Exception as e:  # pylint: disable=broad-except
+    # torch.compile fails in many ways (no compiler, an op it cannot trace, a
+    # backend bug); the eager comparison stands without it.
+    first_line = (str(e).strip().splitlines() or [''])[0][:200]
+    return peers, (f'torch.compile did not run, HF timed eager only: '
+                   f'{type(e).__name__}: {first_line}')
+  return peers, None
+
+
+# ---------------------------------------------------------------- benchmark
+
+
 def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: int = 10,
                   repeats: int = 5, num_batches: int = 4, peak_tflops: float = 0.0,
-                  compare: str = '', log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-  """Times our train step (and HF's with compare='hf'); returns every figure as a dict."""
+                  compare: str = '', hf_compile: bool = False,
+                  log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+  """Times our train step (and HF's with compare='hf'); returns every figure as a dict.
+
+  With hf_compile (only with compare='hf'), HF runs both eager and under
+  torch.compile; a torch.compile that fails leaves 'hf_compile_error' in the
+  result instead of 'hf_compiled'.
+  """
   for name, value, least in (('warmup', warmup, 0), ('steps', steps, 1), ('repeats', repeats, 1),
                              ('num_batches', num_batches, 1)):
     if value < least:
       raise config_lib.ConfigError(f'--{name}={value} must be at least {least}.')
+  if hf_compile and compare != 'hf':
+    raise config_lib.ConfigError('--hf_compile compiles the HF peer: add --compare=hf.')
   if compare == 'hf':
     # JAX would otherwise reserve most of a GPU's memory before torch gets any
     # (read when JAX first touches a device, so it must be set before).
@@ -165,21 +226,14 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
   ours.run(max(warmup, 1))  # At least one step: the steady-state memory peak.
   ours.timed.info['peak_memory_bytes'], ours.timed.info['memory_kind'] = (
       _peak_memory(jax.local_devices()))
-  runners: list[Any] = [ours]
-  hf = None
+  peers, compile_error = {}, None
   if compare == 'hf':
-    # The learning rates our schedule gives at each step (it matters little for speed).
-    schedule = step_lib.learning_rate_schedule(config.train)
-    lrs = np.asarray(schedule(np.arange(max(warmup, 1) + repeats * steps + 1)))
-    hf = hf_peer.TorchRunner(config, model_cfg, host_batches, lrs, use_gpu=backend == 'gpu'
-                             and hf_lib.require('torch').cuda.is_available())
-    log(f'Warming up HF BertForMaskedLM on {hf.timed.info["device"]}...')
-    hf.timed.info['first_step_s'] = hf.run(1)  # torch.compile compiles here on GPU.
-    if warmup > 1:
-      hf.run(warmup - 1)
-    runners.append(hf)
+    use_gpu = backend == 'gpu' and hf_lib.require('torch').cuda.is_available()
+    peers, compile_error = _hf_peers(config, model_cfg, host_batches, warmup, repeats, steps,
+                                     use_gpu, hf_compile, log)
+  runners = [ours, *peers.values()]
 
-  log(f'Timing {repeats} windows of {steps} steps{" each, alternating" if hf else ""}...')
+  log(f'Timing {repeats} windows of {steps} steps{" each, alternating" if peers else ""}...')
   for _ in range(repeats):
     for runner in runners:
       runner.timed.window_step_s.append(runner.run(steps) / steps)
@@ -191,6 +245,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
   peak = flops_lib.peak_flops_per_device(device_kind, peak_tflops or config.profile.peak_tflops)
   flops_per_token = _flops_per_token(model_cfg, config.data.seq_len, config.masking.max_predictions)
   result = {
+      'host': host_lib.describe(accelerator=None if backend == 'cpu' else device_kind),
       'machine': _machine(backend, device_kind, compare),
       'shape': _shape(config, model_cfg) | {'concurrent_chains': ours.chains},
       'timing': {'warmup': warmup, 'steps': steps, 'repeats': repeats, 'num_batches': num_batches},
@@ -199,24 +254,33 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
       'peak_flops_per_device': peak,
       'ours': _summarise(ours.timed, tokens_per_step, flops_per_token, peak, physical_devices),
   }
-  if hf is not None:
+  for key, peer in peers.items():
     # The chip's peak applies to HF only if it runs on the same kind of device.
-    same_chip = (hf.timed.info['device'] == 'cuda') == (backend == 'gpu')
-    hf_peak = peak if same_chip else None
-    result['hf'] = _summarise(hf.timed, tokens_per_step, flops_per_token, hf_peak, 1)
+    same_chip = (peer.timed.info['device'] == 'cuda') == (backend == 'gpu')
+    summary = _summarise(peer.timed, tokens_per_step, flops_per_token,
+                         peak if same_chip else None, 1)
     # What HF's step computes: its head runs on all T positions (P = T).
-    result['hf']['flops_per_token_as_computed'] = _flops_per_token(
+    summary['flops_per_token_as_computed'] = _flops_per_token(
         model_cfg, config.data.seq_len, config.data.seq_len)
-    result['hf']['note'] = _HF_HEAD_NOTE
-    # Several accelerators against HF's one: compare per device.
-    per = physical_devices
-    result['ratio_tokens_per_sec'] = (result['ours']['tokens_per_sec'] / per
-                                      / result['hf']['tokens_per_sec'])
-    # The fastest windows: less affected by other load on a shared machine.
-    result['ratio_tokens_per_sec_best_window'] = (result['hf']['step_time_s']['min']
-                                                 / result['ours']['step_time_s']['min'] / per)
-    result['ratio_basis'] = 'per device' if per > 1 else 'total'
+    summary['note'] = _HF_HEAD_NOTE
+    result[key] = summary
+    result.update(_ratios(result['ours'], summary, physical_devices, PEERS[key]))
+  if peers:
+    result['ratio_basis'] = 'per device' if physical_devices > 1 else 'total'
+  if compile_error:
+    result['hf_compile_error'] = compile_error
   return result
+
+
+def _ratios(ours: dict[str, Any], peer: dict[str, Any], per: int, suffix: str) -> dict[str, float]:
+  """Our tokens/s over a peer's, at the median and at the fastest windows."""
+  # Several accelerators against HF's one: compare per device. The fastest
+  # windows are less affected by other load on a shared machine.
+  return {
+      f'ratio_tokens_per_sec{suffix}': ours['tokens_per_sec'] / per / peer['tokens_per_sec'],
+      f'ratio_tokens_per_sec_best_window{suffix}': (peer['step_time_s']['min']
+                                                     / ours['step_time_s']['min'] / per),
+  }
 
 
 def _flops_per_token(model_cfg: model_lib.ModelConfig, seq_len: int, head_rows: int) -> float:
@@ -237,15 +301,12 @@ def _shape(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig) 
 
 
 def _machine(backend: str, device_kind: str, compare: str) -> dict[str, Any]:
-  machine = {'jax_version': jax.__version__, 'jax_backend': backend, 'device_kind': device_kind,
-             'num_devices': jax.device_count(), 'cpu_count': os.cpu_count(),
-             'python': platform.python_version(), 'platform': platform.platform(),
-             'host_malloc': host_malloc.description()}
+  """How this run used the machine; what the machine is, is `host` (host.py)."""
+  machine = {'jax_backend': backend, 'device_kind': device_kind,
+             'num_devices': jax.device_count(), 'host_malloc': host_malloc.description()}
   if compare == 'hf':
-    import torch
-    import transformers
-    machine.update(torch_version=torch.__version__, transformers_version=transformers.__version__,
-                   torch_num_threads=torch.get_num_threads())
+    torch = hf_lib.require('torch')
+    machine['torch_num_threads'] = torch.get_num_threads()
     if torch.cuda.is_available():
       machine['torch_device_name'] = torch.cuda.get_device_name()
   return machine
@@ -255,9 +316,10 @@ def _machine(backend: str, device_kind: str, compare: str) -> dict[str, Any]:
 
 
 def format_report(result: dict[str, Any]) -> str:
-  """The readable table printed by the command."""
+  """The readable table printed by the command, under the host line."""
   s, m = result['shape'], result['machine']
-  systems = [result['ours']] + ([result['hf']] if 'hf' in result else [])
+  peers = [result[key] for key in PEERS if key in result]
+  systems = [result['ours'], *peers]
 
   def gib(x):
     return f'{x / 2**30:.2f} GiB'
@@ -273,40 +335,55 @@ def format_report(result: dict[str, Any]) -> str:
       ('tokens/s (real, non-padding)', [f'{x["tokens_per_sec"]:,.0f}' for x in systems]),
       ('MFU', [mfu(x['mfu']) for x in systems]),
       ('compile', [f'{result["ours"]["compile_s"]:.1f} s (lower + compile)']
-       + ([f'{result["hf"]["first_step_s"]:.1f} s (first step'
-           + (', torch.compile)' if result['hf']['torch_compile'] else ', eager)')]
-          if 'hf' in result else [])),
+       + [f'{x["first_step_s"]:.1f} s (first step, {_mode(x)})' for x in peers]),
       ('peak memory', [f'{gib(x["peak_memory_bytes"])} {x["memory_kind"]}' for x in systems]),
       ('parameters', [f'{x["num_params"]:,}' for x in systems]),
       ('masked tokens / step', [f'{x["masked_tokens_per_step"]:,.0f}' for x in systems]),
       ('loss at the last step', [f'{x["final_loss"]:.4f}' for x in systems]),
   ]
   width = max(len(name) for name, _ in rows)
-  col = max(len(v) for _, values in rows for v in values[:1] + [systems[0]['name']]) + 2
+  # Every column but the last is padded to the widest cell or name.
+  col = max((len(v) for v in [x['name'] for x in systems[:-1]]
+             + [v for _, values in rows for v in values[:-1]]), default=0) + 2
   lines = [
+      result['host']['summary'],
       f'L={s["num_layers"]} d={s["hidden_size"]} heads={s["num_heads"]} '
       f'd_ff={s["intermediate_size"]} T={s["seq_len"]} P={s["max_predictions"]} '
       f'V={s["padded_vocab_size"]} ({s["vocab_size"]} real) B={s["batch_size"]} {s["dtype"]} '
       f'dropout={s["dropout_rate"]}/{s["attention_dropout_rate"]} '
       f'chains={s.get("concurrent_chains", 1)}',
-      f'{m["jax_backend"]}: {m["num_devices"]} x {m["device_kind"]}, {m["cpu_count"]} CPUs, '
-      f'jax {m["jax_version"]}' + (f', torch {m["torch_version"]}' if 'torch_version' in m else '')
-      + f'; host malloc {m.get("host_malloc", "default")}'
-      + (' (both systems: one process)' if 'torch_version' in m else ''),
+      f'{m["jax_backend"]}: {m["num_devices"]} x {m["device_kind"]}; '
+      f'host malloc {m.get("host_malloc", "default")}'
+      + (' (all systems: one process)' if peers else ''),
       f'{result["timing"]["repeats"]} windows of {result["timing"]["steps"]} steps after '
       f'{result["timing"]["warmup"]} warm-up steps; {result["tokens_per_step"]:,.0f} tokens/step; '
       f'{result["flops_per_token"] / 1e6:,.2f} MFLOPs/token (flops.py)',
       '',
       ' ' * width + '  ' + ''.join(x['name'].ljust(col) for x in systems),
   ]
-  lines += [name.ljust(width) + '  ' + ''.join(v.ljust(col) for v in values)
+  lines += [(name.ljust(width) + '  ' + ''.join(v.ljust(col) for v in values)).rstrip()
             for name, values in rows]
-  if 'hf' in result:
-    hf = result['hf']
-    lines += ['', f'mlm_jax / HF tokens/s ({result["ratio_basis"]}): '
-              f'{result["ratio_tokens_per_sec"]:.2f}x at the median window, '
-              f'{result["ratio_tokens_per_sec_best_window"]:.2f}x at the fastest',
-              f'HF: {hf["device"]}, attention {hf["attn_implementation"]}, '
-              f'bf16 autocast {hf["autocast_bf16"]}, torch.compile {hf["torch_compile"]}.',
-              hf['note']]
-  return '\n'.join(lines)
+  return '\n'.join(lines + _peer_lines(result))
+
+
+def _mode(peer: dict[str, Any]) -> str:
+  return 'torch.compile' if peer['torch_compile'] else 'eager'
+
+
+def _peer_lines(result: dict[str, Any]) -> list[str]:
+  """The ratios to each HF run, how HF ran, and why torch.compile did not, if it did not."""
+  keys = [key for key in PEERS if key in result]
+  if not keys:
+    return []
+  lines = ['']
+  for key in keys:
+    suffix = PEERS[key]
+    lines.append(f'mlm_jax / HF {_mode(result[key])} tokens/s ({result["ratio_basis"]}): '
+                 f'{result["ratio_tokens_per_sec" + suffix]:.2f}x at the median window, '
+                 f'{result["ratio_tokens_per_sec_best_window" + suffix]:.2f}x at the fastest')
+  if 'hf_compile_error' in result:
+    lines.append(result['hf_compile_error'])
+  hf = result['hf']
+  lines += [f'HF: {hf["device"]}, attention {hf["attn_implementation"]}, '
+            f'bf16 autocast {hf["autocast_bf16"]}.', hf['note']]
+  return lines

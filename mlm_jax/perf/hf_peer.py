@@ -2,8 +2,9 @@
 
 The same model shape (layers, widths, padded vocabulary), batches, masked
 positions and optimizer (AdamW, same hyper-parameters, clipping and
-weight-decay mask) as our step: float32 eager on CPU; on a GPU bf16 autocast
-(when our compute dtype is bf16), SDPA attention and `torch.compile`.
+weight-decay mask) as our step: float32 on CPU; on a GPU bf16 autocast (when
+our compute dtype is bf16) and SDPA attention. Eager or under `torch.compile`
+(the caller decides; on CPU its inductor backend needs a C++ compiler).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import resource
+import shutil
 import sys
 import time
 from typing import Any
@@ -36,15 +38,33 @@ def host_peak_rss() -> int:
   return rss if sys.platform == 'darwin' else rss * 1024  # Linux reports KiB.
 
 
+def _cxx_names() -> list[str]:
+  # Inductor tries the names in its config ($CXX, else g++; clang++ on macOS), no others.
+  try:
+    names = hf_lib.require('torch._inductor.config').cpp.cxx
+  except (ImportError, AttributeError):  # A private module of torch: it may move.
+    names = (os.environ.get('CXX', 'g++'),)
+  return [n for n in names if n]
+
+
+def cxx_compiler() -> str | None:
+  """The C++ compiler torch.compile would build CPU kernels with, if it is on PATH."""
+  return next((path for path in map(shutil.which, _cxx_names()) if path), None)
+
+
 class TorchRunner:
   """Hugging Face BertForMaskedLM + torch AdamW on the same shapes, batches and masks."""
 
   def __init__(self, config: ml_collections.ConfigDict, model_cfg, host_batches,
-               lr_per_step: np.ndarray, use_gpu: bool):
+               lr_per_step: np.ndarray, use_gpu: bool, compiled: bool):
     torch = hf_lib.require('torch')
     transformers = hf_lib.require('transformers')
+    if compiled and not use_gpu and cxx_compiler() is None:
+      # Inductor would fail only at the first step, with a long traceback.
+      raise RuntimeError(f'no C++ compiler for torch.compile on CPU (tried '
+                         f'{", ".join(_cxx_names())} on PATH; set $CXX)')
     self._torch = torch
-    self.timed = Timed('HF BertForMaskedLM (torch)')
+    self.timed = Timed(f'HF BertForMaskedLM ({"torch.compile" if compiled else "torch eager"})')
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(config.seed)
     self._device = torch.device('cuda' if use_gpu else 'cpu')
@@ -67,13 +87,14 @@ class TorchRunner:
     self._params = params
     self._clip = tr.grad_clip_norm
     self._lrs = lr_per_step
-    self._model = torch.compile(model) if use_gpu else model
+    # Lazy: torch.compile compiles (and may fail) at the first step.
+    self._model = torch.compile(model) if compiled else model
     self._batches = [self._to_torch(b) for b in host_batches]
     self._i = 0
     self._loss = None
     self.timed.info.update(
         device=str(self._device), attn_implementation=hf_config._attn_implementation,
-        autocast_bf16=self._bf16, torch_compile=use_gpu, fused_adamw=use_gpu,
+        autocast_bf16=self._bf16, torch_compile=compiled, fused_adamw=use_gpu,
         num_params=sum(p.numel() for p in params),
         masked_tokens_per_step=float(np.mean([int((b['labels'] != -100).sum())
                                               for b in self._batches])))
@@ -118,4 +139,4 @@ class TorchRunner:
                   memory_kind='device (torch.cuda.max_memory_allocated)')
     else:
       info.update(peak_memory_bytes=host_peak_rss(),
-                  memory_kind='host peak RSS of the whole process (both models)')
+                  memory_kind='host peak RSS of the whole process (all systems)')
