@@ -111,6 +111,9 @@ def from_hf_config(hf: dict[str, Any], model: ml_collections.ConfigDict,
       attention_dropout_rate=hf.get('attention_probs_dropout_prob', 0.1),
       initializer_range=hf.get('initializer_range', 0.02),
       layer_norm_eps=hf.get('layer_norm_eps', 1e-12),
+      variant='bert', global_attn_every_n_layers=model.global_attn_every_n_layers,
+      local_attention=model.local_attention, global_rope_theta=model.global_rope_theta,
+      local_rope_theta=model.local_rope_theta,  # Unused by this variant.
       dtype=dtype)
 
 
