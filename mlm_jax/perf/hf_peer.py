@@ -41,6 +41,9 @@ class TorchRunner:
 
   def __init__(self, config: ml_collections.ConfigDict, model_cfg, host_batches,
                lr_per_step: np.ndarray, use_gpu: bool):
+    if model_cfg.variant != 'bert':
+      raise ValueError(f'the Hugging Face peer is BertForMaskedLM; config.model.variant='
+                       f"{model_cfg.variant!r} has none here (compare with variant='bert').")
     torch = hf_lib.require('torch')
     transformers = hf_lib.require('transformers')
     self._torch = torch
