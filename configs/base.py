@@ -99,6 +99,11 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Encoder shape and numerics.
   config.model = ml_collections.ConfigDict()
+  # Encoder (model/config.py VARIANTS): 'bert' (post-LN, learned positions,
+  # segments; Hugging Face BertForMaskedLM) or 'modern' (ModernBERT: pre-LN,
+  # GeGLU, rotary positions, local and global attention, no biases; Hugging
+  # Face ModernBertForMaskedLM). configs/modern_*.py set it.
+  config.model.variant = 'bert'
   # Number of transformer blocks (L).
   config.model.num_layers = 12
   # Model width (d).
@@ -107,17 +112,20 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.num_heads = 12
   # MLP width (d_ff).
   config.model.intermediate_size = 3072
-  # Size of the learned position table; must be >= data.seq_len.
+  # Longest row the model takes (bert: size of its learned position table);
+  # must be >= data.seq_len.
   config.model.max_position_embeddings = 512
-  # Segment (token type) vocabulary.
+  # Segment (token type) vocabulary (bert only).
   config.model.type_vocab_size = 2
-  # Dropout on embeddings, attention output and MLP output.
+  # Dropout on embeddings, attention output and MLP output (modern: on the
+  # embeddings and inside the MLP, as ModernBERT's embedding/mlp_dropout).
   config.model.dropout_rate = 0.1
-  # Dropout on attention probabilities.
+  # Dropout on attention probabilities (modern: also on the attention output,
+  # as ModernBERT's attention_dropout).
   config.model.attention_dropout_rate = 0.1
   # Std of the truncated-normal initialiser.
   config.model.initializer_range = 0.02
-  # LayerNorm epsilon (1e-12 as in BERT).
+  # LayerNorm epsilon (1e-12 as in BERT; ModernBERT's is 1e-5).
   config.model.layer_norm_eps = 1e-12
   # Compute dtype: 'auto' (float32 on CPU, bfloat16 on GPU/TPU), 'float32'
   # or 'bfloat16'. Parameters are always float32.
@@ -138,6 +146,16 @@ def get_config() -> ml_collections.ConfigDict:
   # during training (masked tokens and [CLS] are always kept; positions are
   # kept). Evaluation sees whole rows. 0 disables.
   config.model.drop_token_rate = 0.0
+  # The fields below are read by variant 'modern' only (ModernBERT's values).
+  # Layers 0, n, 2n, ... attend to the whole row; the others locally.
+  config.model.global_attn_every_n_layers = 3
+  # Width of a local layer's window, in tokens: each token sees the tokens at
+  # most local_attention // 2 positions away. Even.
+  config.model.local_attention = 128
+  # Rotary position base (theta) of the global layers.
+  config.model.global_rope_theta = 160_000.0
+  # Rotary position base (theta) of the local layers.
+  config.model.local_rope_theta = 10_000.0
 
   # How devices are arranged: a (data, fsdp) mesh over all devices of all hosts.
   config.mesh = ml_collections.ConfigDict()

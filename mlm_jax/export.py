@@ -1,7 +1,8 @@
 """Command line: python -m mlm_jax.export --workdir=runs/tiny --out=exported/.
 
-Writes a Hugging Face model directory (BertForMaskedLM, safetensors, and the
-run's tokenizer) from a checkpoint of a training run; --step picks one
+Writes a Hugging Face model directory (BertForMaskedLM, or ModernBertForMaskedLM
+for config.model.variant='modern'; safetensors, and the run's tokenizer) from a
+checkpoint of a training run; --step picks one
 (default: the latest); --embedding_correction replaces each token embedding
 by its expectation under the run's masking. See mlm_jax/interop/export.py.
 """

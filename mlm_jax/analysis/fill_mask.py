@@ -40,7 +40,7 @@ def predict(run: workdir_lib.TrainedRun, texts: Sequence[str],
     positions[i, :len(where)] = where
   batch = {'input_ids': input_ids, 'attention_mask': (input_ids != tok_lib.PAD_ID).astype(np.int32),
            'segment_ids': np.zeros_like(input_ids), 'masked_positions': positions}
-  logits = model_lib.BertForMLM(cfg).apply({'params': run.params}, batch, deterministic=True)
+  logits = model_lib.mlm_model(cfg).apply({'params': run.params}, batch, deterministic=True)
   probs = np.asarray(jax.nn.softmax(logits[..., :cfg.vocab_size], axis=-1))  # [B, P, V]
   out = []
   for i, where in enumerate(masks):

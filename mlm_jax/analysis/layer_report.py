@@ -75,7 +75,7 @@ def layer_report(workdir: str, *, max_batches: int | None = None,
   if max_batches is None:
     max_batches = config['eval']['max_batches']
 
-  model = model_lib.BertForMLM(run.model_cfg)
+  model = model_lib.mlm_model(run.model_cfg)
   params = jax.device_put(run.params)
   top_token = data.most_frequent_token()
   layer_terms = _layer_terms_fn(model, top_token)

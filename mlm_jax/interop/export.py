@@ -2,7 +2,9 @@
 
 Writes a Hugging Face model directory from a checkpoint of a training run:
 
-  OUT/config.json             BertConfig (architectures ['BertForMaskedLM'])
+  OUT/config.json             BertConfig (architectures ['BertForMaskedLM']), or
+                              ModernBertConfig (['ModernBertForMaskedLM']) for
+                              config.model.variant='modern'
   OUT/model.safetensors       the weights, vocabulary padding rows dropped
   OUT/tokenizer.json          the run's sentencepiece model as a tokenizers Unigram
   OUT/tokenizer_config.json   special tokens; encoding adds [CLS] ... [SEP]
@@ -77,5 +79,6 @@ def export(workdir: str, out_dir: str, step: int | None = None,
   run = workdir_lib.load(workdir, step)
   params = correct_run_embedding(run) if apply_embedding_correction else run.params
   hf.save_model(out_dir, params, run.model_cfg)
-  hf.save_tokenizer(out_dir, run.tokenizer, run.model_cfg.max_position_embeddings)
+  hf.save_tokenizer(out_dir, run.tokenizer, run.model_cfg.max_position_embeddings,
+                    run.model_cfg.variant)
   return run

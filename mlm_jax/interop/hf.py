@@ -1,4 +1,8 @@
-"""Hugging Face interop: BERT weights, config and tokenizer in `transformers`' layout.
+"""Hugging Face interop: weights, config and tokenizer in `transformers`' layout.
+
+Variant 'bert' converts to and from `BertForMaskedLM` (below), variant
+'modern' to and from `ModernBertForMaskedLM` (modernbert.py); each is a
+layout.Format, picked by config.model.variant or config.json's model_type.
 
 Our parameter tree and a `BertForMaskedLM` state dict hold the same numbers in
 different layouts (shapes: d hidden, N heads, H = d / N, F MLP width, V the
@@ -23,7 +27,6 @@ a file is read or written, and torch never is.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import math
@@ -37,6 +40,11 @@ import numpy as np
 
 from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.interop import modernbert
+from mlm_jax.interop.layout import Format
+from mlm_jax.interop.layout import Tensor
+from mlm_jax.interop.layout import get_path
+from mlm_jax.interop.layout import set_path
 
 Params = dict[str, Any]
 INSTALL_HINT = "pip install -e '.[interop]'"
@@ -57,6 +65,11 @@ def require(module: str):
 
 
 def to_hf_config(cfg: model_lib.ModelConfig) -> dict[str, Any]:
+  """Our model shape -> the `config.json` dict of its variant's Hugging Face model."""
+  return _format(cfg).to_config(cfg)
+
+
+def _to_bert_config(cfg: model_lib.ModelConfig) -> dict[str, Any]:
   """Our model shape -> a `BertConfig` dict for `config.json`."""
   return {
       'architectures': ['BertForMaskedLM'],
@@ -81,6 +94,17 @@ def to_hf_config(cfg: model_lib.ModelConfig) -> dict[str, Any]:
 
 def from_hf_config(hf: dict[str, Any], model: ml_collections.ConfigDict,
                    dtype: Any = jnp.float32) -> model_lib.ModelConfig:
+  """A config.json dict (BERT or ModernBERT, by its model_type) -> our ModelConfig."""
+  model_type = hf.get('model_type', 'bert')
+  formats = {f.model_type: f for f in FORMATS.values()}
+  if model_type not in formats:
+    raise ValueError(f'config.json model_type={model_type!r} is not supported (only '
+                     f'{" or ".join(repr(t) for t in formats)}).')
+  return formats[model_type].from_config(hf, model, dtype)
+
+
+def _from_bert_config(hf: dict[str, Any], model: ml_collections.ConfigDict,
+                      dtype: Any = jnp.float32) -> model_lib.ModelConfig:
   """A `BertConfig` dict -> our ModelConfig; refuses what our encoder does not compute.
 
   The shape and the numbers of the saved model come from `hf` (Hugging
@@ -111,6 +135,9 @@ def from_hf_config(hf: dict[str, Any], model: ml_collections.ConfigDict,
       attention_dropout_rate=hf.get('attention_probs_dropout_prob', 0.1),
       initializer_range=hf.get('initializer_range', 0.02),
       layer_norm_eps=hf.get('layer_norm_eps', 1e-12),
+      variant='bert', global_attn_every_n_layers=model.global_attn_every_n_layers,
+      local_attention=model.local_attention, global_rope_theta=model.global_rope_theta,
+      local_rope_theta=model.local_rope_theta,  # Unused by this variant.
       dtype=dtype)
 
 
@@ -123,42 +150,26 @@ def load_hf_config(hf_dir: str, model: ml_collections.ConfigDict,
 # ------------------------------------------------------------------ weights
 
 
-@dataclasses.dataclass(frozen=True)
-class _Tensor:
-  hf_name: str
-  path: tuple[str, ...]       # Where it lives in our params tree.
-  hf_shape: tuple[int, ...]
-  shape: tuple[int, ...]      # Ours, with the real (unpadded) vocabulary.
-  transpose: bool = False     # A torch Linear weight: [out, in] vs our [in..., out...].
-
-  def to_hf(self, x: np.ndarray) -> np.ndarray:
-    x = x.reshape(self.hf_shape[::-1]).T if self.transpose else x.reshape(self.hf_shape)
-    return np.ascontiguousarray(x, np.float32)
-
-  def from_hf(self, x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray((x.T if self.transpose else x).reshape(self.shape), np.float32)
-
-
 _VOCAB_PATHS = (('encoder', 'embeddings', 'token', 'embedding'), ('mlm_head', 'output_bias'))
 
 
-def _layout(cfg: model_lib.ModelConfig) -> list[_Tensor]:
+def _bert_layout(cfg: model_lib.ModelConfig) -> list[Tensor]:
   """Every tensor of BertForMaskedLM, in the state dict's order."""
   d, n, f, v = cfg.hidden_size, cfg.num_heads, cfg.intermediate_size, cfg.vocab_size
   h = d // n
 
   def plain(hf_name, path, shape):
-    return [_Tensor(hf_name, path, shape, shape)]
+    return [Tensor(hf_name, path, shape, shape)]
 
   def layer_norm(hf_name, path):
-    return [_Tensor(f'{hf_name}.weight', (*path, 'scale'), (d,), (d,)),
-            _Tensor(f'{hf_name}.bias', (*path, 'bias'), (d,), (d,))]
+    return [Tensor(f'{hf_name}.weight', (*path, 'scale'), (d,), (d,)),
+            Tensor(f'{hf_name}.bias', (*path, 'bias'), (d,), (d,))]
 
   def dense(hf_name, path, in_shape, out_shape):
     fan_in, fan_out = math.prod(in_shape), math.prod(out_shape)
-    return [_Tensor(f'{hf_name}.weight', (*path, 'kernel'), (fan_out, fan_in),
-                    (*in_shape, *out_shape), transpose=True),
-            _Tensor(f'{hf_name}.bias', (*path, 'bias'), (fan_out,), out_shape)]
+    return [Tensor(f'{hf_name}.weight', (*path, 'kernel'), (fan_out, fan_in),
+                   (*in_shape, *out_shape), transpose=True),
+            Tensor(f'{hf_name}.bias', (*path, 'bias'), (fan_out,), out_shape)]
 
   emb = ('encoder', 'embeddings')
   out = [*plain('bert.embeddings.word_embeddings.weight', (*emb, 'token', 'embedding'), (v, d)),
@@ -182,28 +193,16 @@ def _layout(cfg: model_lib.ModelConfig) -> list[_Tensor]:
   return out
 
 
-def _get(tree: Params, path: tuple[str, ...]) -> Any:
-  for key in path:
-    tree = tree[key]
-  return tree
-
-
-def _set(tree: Params, path: tuple[str, ...], value: Any) -> None:
-  for key in path[:-1]:
-    tree = tree.setdefault(key, {})
-  tree[path[-1]] = value
-
-
 def to_hf_state_dict(params: Params, cfg: model_lib.ModelConfig) -> dict[str, np.ndarray]:
-  """Our params -> BertForMaskedLM tensors (float32 numpy), padding rows dropped.
+  """Our params -> BertForMaskedLM (ModernBertForMaskedLM) tensors, float32, padding rows dropped.
 
-  A sentence-pair head (NSP/SOP) has no place in BertForMaskedLM and is left out.
+  A sentence-pair head (NSP/SOP) has no place in either and is left out.
   """
   if cfg.scan_layers:
     params = model_lib.unstack_layers(params, cfg.num_layers)
   out = {}
-  for t in _layout(cfg):
-    x = np.asarray(jax.device_get(_get(params, t.path)), np.float32)
+  for t in _format(cfg).layout(cfg):
+    x = np.asarray(jax.device_get(get_path(params, t.path)), np.float32)
     if t.path in _VOCAB_PATHS:
       x = x[:cfg.vocab_size]
     out[t.hf_name] = t.to_hf(x)
@@ -214,24 +213,29 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: model_lib.ModelConfi
                        fallback_params: Params | None = None, source: str = 'state dict') -> Params:
   """BertForMaskedLM (or BertModel) tensors -> our params, shapes checked against `cfg`.
 
-  BertModel weights (names without 'bert.', no MLM head) take the MLM head's
-  transform, LayerNorm and output bias from `fallback_params`.
+  ModernBertForMaskedLM (ModernBertModel) tensors for variant 'modern'.
+  Base-model weights (BertModel: names without 'bert.'; ModernBertModel:
+  without 'model.'; no MLM head) take the MLM head from `fallback_params`.
   """
-  tensors = _canonical_names(tensors)
-  has_head = 'cls.predictions.transform.dense.weight' in tensors
+  fmt = _format(cfg)
+  tensors = fmt.canonical_names(tensors)
+  has_head = fmt.head_tensor in tensors
   if fallback_params is not None and cfg.scan_layers:
     fallback_params = model_lib.unstack_layers(fallback_params, cfg.num_layers)
   params: Params = {}
-  for t in _layout(cfg):
+  for t in fmt.layout(cfg):
     x = tensors.get(t.hf_name)
     if x is None and t.path[0] == 'mlm_head' and not has_head:
       if fallback_params is None:
-        raise ValueError(f'{source} has no MLM head ({t.hf_name}): it holds BertModel weights. '
-                         'Pass fallback_params to take the head from an initialised model.')
-      _set(params, t.path, np.asarray(jax.device_get(_get(fallback_params, t.path)), np.float32))
+        raise ValueError(f'{source} has no MLM head ({t.hf_name}): it holds {fmt.base_model} '
+                         'weights. Pass fallback_params to take the head from an initialised '
+                         'model.')
+      head = jax.device_get(get_path(fallback_params, t.path))
+      set_path(params, t.path, np.asarray(head, np.float32))
       continue
     if x is None:
-      raise ValueError(f'{source} has no tensor {t.hf_name}: not a BERT checkpoint of this layout.')
+      raise ValueError(f'{source} has no tensor {t.hf_name}: not a {fmt.name} checkpoint of this '
+                       'layout.')
     if tuple(x.shape) != t.hf_shape:
       raise ValueError(f'{source}: tensor {t.hf_name} has shape {tuple(x.shape)}, but this model '
                        f'config needs {t.hf_shape}.')
@@ -240,12 +244,11 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: model_lib.ModelConfi
       # Padding rows: never predicted, zero as after an export.
       x = np.concatenate([x, np.zeros((cfg.padded_vocab_size - cfg.vocab_size, *x.shape[1:]),
                                       np.float32)])
-    _set(params, t.path, x)
-  decoder = tensors.get('cls.predictions.decoder.weight')
-  words = tensors['bert.embeddings.word_embeddings.weight']
-  if decoder is not None and not np.array_equal(decoder, words):
-    raise ValueError(f'{source}: cls.predictions.decoder.weight differs from the word '
-                     'embeddings; this model ties them and cannot hold both.')
+    set_path(params, t.path, x)
+  decoder = tensors.get(fmt.decoder_tensor)
+  if decoder is not None and not np.array_equal(decoder, tensors[fmt.embedding_tensor]):
+    raise ValueError(f'{source}: {fmt.decoder_tensor} differs from the word embeddings; this '
+                     'model ties them and cannot hold both.')
   if cfg.sentence_pair_head:
     if fallback_params is None:
       raise ValueError(f'{source} has no sentence-pair head; pass fallback_params to take it '
@@ -254,7 +257,7 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: model_lib.ModelConfi
   return model_lib.stack_layers(params, cfg.num_layers) if cfg.scan_layers else params
 
 
-def _canonical_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _bert_canonical_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   """BertForMaskedLM names; BertModel's lack 'bert.', old files say gamma/beta.
 
   Tensors without a counterpart here (pooler, next-sentence head) are never looked up.
@@ -270,6 +273,21 @@ def _canonical_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   if 'cls.predictions.bias' not in out and 'cls.predictions.decoder.bias' in out:
     out['cls.predictions.bias'] = out['cls.predictions.decoder.bias']
   return out
+
+
+BERT = Format(
+    name='BERT', variant='bert', model_type='bert', architecture='BertForMaskedLM',
+    base_model='BertModel', layout=_bert_layout, canonical_names=_bert_canonical_names,
+    head_tensor='cls.predictions.transform.dense.weight',
+    embedding_tensor='bert.embeddings.word_embeddings.weight',
+    decoder_tensor='cls.predictions.decoder.weight', to_config=_to_bert_config,
+    from_config=_from_bert_config, input_names=('input_ids', 'token_type_ids', 'attention_mask'))
+# By config.model.variant.
+FORMATS = {f.variant: f for f in (BERT, modernbert.FORMAT)}
+
+
+def _format(cfg: model_lib.ModelConfig) -> Format:
+  return FORMATS[cfg.variant]
 
 
 def read_safetensors(hf_dir: str) -> dict[str, np.ndarray]:
@@ -299,12 +317,24 @@ def read_safetensors(hf_dir: str) -> dict[str, np.ndarray]:
 
 def load_hf_params(hf_dir: str, model_cfg: model_lib.ModelConfig,
                    fallback_params: Params | None = None) -> Params:
-  """Reads a Hugging Face BERT directory (safetensors only) into our params (numpy)."""
+  """Reads a Hugging Face BERT or ModernBERT directory (safetensors only) into our params (numpy).
+
+  Its config.json, where there is one, must name the model type of
+  `model_cfg.variant`.
+  """
+  fmt, config_path = _format(model_cfg), os.path.join(hf_dir, 'config.json')
+  if os.path.exists(config_path):
+    with open(config_path) as f:
+      model_type = json.load(f).get('model_type', 'bert')
+    if model_type != fmt.model_type:
+      raise ValueError(f'{hf_dir} holds a {model_type!r} model, but '
+                       f'config.model.variant={model_cfg.variant!r} loads {fmt.model_type!r} '
+                       'models only.')
   return from_hf_state_dict(read_safetensors(hf_dir), model_cfg, fallback_params, source=hf_dir)
 
 
 def init_from_hf(state: Any, hf_dir: str, model_cfg: model_lib.ModelConfig) -> Any:
-  """Returns `state` with its params replaced by the BERT weights in `hf_dir`.
+  """Returns `state` with its params replaced by the BERT (ModernBERT) weights in `hf_dir`.
 
   Contract (for `config.init.hf_dir`):
   - Call it on a freshly created train state, before any checkpoint is
@@ -315,7 +345,8 @@ def init_from_hf(state: Any, hf_dir: str, model_cfg: model_lib.ModelConfig) -> A
     ValueError. The ids must mean the same tokens as the run's tokenizer:
     use a directory exported by `mlm_jax.export` from a run on the same data
     dir. This is not checked.
-  - BertModel weights (no MLM head) keep the head of `state.params`.
+  - BertModel (ModernBertModel) weights, without an MLM head, keep the head of
+    `state.params`.
   - The optimizer state is left as created (zero moments, step 0); new
     params are placed on the shardings of the params they replace.
   - Raises FileNotFoundError/ValueError for a missing or pickle-only
@@ -328,7 +359,10 @@ def init_from_hf(state: Any, hf_dir: str, model_cfg: model_lib.ModelConfig) -> A
 
 
 def save_model(out_dir: str, params: Params, cfg: model_lib.ModelConfig) -> None:
-  """Writes config.json and model.safetensors that `BertForMaskedLM.from_pretrained` loads."""
+  """Writes config.json and model.safetensors that `AutoModelForMaskedLM.from_pretrained` loads.
+
+  As a BertForMaskedLM or a ModernBertForMaskedLM, by cfg.variant.
+  """
   numpy_io = require('safetensors.numpy')
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, 'config.json'), 'w') as f:
@@ -398,8 +432,12 @@ def hf_tokenizer(tokenizer: tok_lib.Tokenizer):
   return out
 
 
-def save_tokenizer(out_dir: str, tokenizer: tok_lib.Tokenizer, model_max_length: int) -> None:
-  """Writes tokenizer.json and tokenizer_config.json for `AutoTokenizer.from_pretrained`."""
+def save_tokenizer(out_dir: str, tokenizer: tok_lib.Tokenizer, model_max_length: int,
+                   variant: str = 'bert') -> None:
+  """Writes tokenizer.json and tokenizer_config.json for `AutoTokenizer.from_pretrained`.
+
+  `variant`: the model it encodes for (ModernBERT takes no token_type_ids).
+  """
   os.makedirs(out_dir, exist_ok=True)
   hf_tokenizer(tokenizer).save(os.path.join(out_dir, 'tokenizer.json'))
   # The sentencepiece model itself: a later run started from this directory
@@ -414,7 +452,7 @@ def save_tokenizer(out_dir: str, tokenizer: tok_lib.Tokenizer, model_max_length:
       # sentencepiece, not cut out of the text before normalisation.
       'split_special_tokens': True,
       'model_max_length': model_max_length,
-      'model_input_names': ['input_ids', 'token_type_ids', 'attention_mask'],
+      'model_input_names': list(FORMATS[variant].input_names),
       'clean_up_tokenization_spaces': False,
   }
   with open(os.path.join(out_dir, 'tokenizer_config.json'), 'w') as f:

@@ -20,6 +20,7 @@ from mlm_jax.model.heads import MLMHead
 from mlm_jax.model.heads import SentencePairHead
 from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import MLP
+from mlm_jax.model.layers import REMAT_POLICIES
 from mlm_jax.model.layers import TABLE
 from mlm_jax.model.layers import VOCAB
 from mlm_jax.model.layers import SelfAttention
@@ -77,17 +78,11 @@ class TransformerBlock(nn.Module):
     return cfg.batch_split(layer_norm(cfg, 'output_layer_norm')(x + h))
 
 
-_REMAT_POLICIES = {
-    'full': None,  # Keep only each block's input; recompute the rest.
-    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # Keep matmul outputs.
-}
-
-
 def _block_class(cfg: ModelConfig):
   if cfg.remat == 'none':
     return TransformerBlock
   # Argument 3 (self counts as 0) is the Python bool `deterministic`.
-  return nn.remat(TransformerBlock, policy=_REMAT_POLICIES[cfg.remat], static_argnums=(3,))
+  return nn.remat(TransformerBlock, policy=REMAT_POLICIES[cfg.remat], static_argnums=(3,))
 
 
 class _ScannedBlock(nn.Module):

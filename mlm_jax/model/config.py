@@ -26,11 +26,14 @@ ATTENTIONS = ('auto', 'xla', 'dot_product', 'cudnn')
 # The kernels without dropout on the attention probabilities.
 NO_DROPOUT_ATTENTIONS = ('dot_product', 'cudnn')
 REMATS = ('none', 'dots', 'full')              # What a block keeps for the backward pass.
+# Encoders: 'bert' the post-LN BERT of bert.py (BertForMaskedLM), 'modern' the
+# ModernBERT encoder of modern.py (ModernBertForMaskedLM).
+VARIANTS = ('bert', 'modern')
 
 
 # Options that change the parameter tree, with the value that a checkpoint
 # written before the option existed implies.
-STRUCTURE_DEFAULTS = {'scan_layers': False, 'sentence_pair_head': False}
+STRUCTURE_DEFAULTS = {'scan_layers': False, 'sentence_pair_head': False, 'variant': 'bert'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,12 @@ class ModelConfig:
   scan_layers: bool          # One nn.scan over the blocks (params stacked).
   remat: str                 # REMATS: what a block keeps for the backward pass.
   drop_token_rate: float     # Training only: unmasked tokens dropped from the input.
+  variant: str               # VARIANTS: which encoder (and MLM head) the model is.
+  # The 'modern' variant only (rotary positions, local and global attention).
+  global_attn_every_n_layers: int  # Layers 0, n, 2n, ... attend globally; the rest locally.
+  local_attention: int       # A local layer's window: local_attention // 2 tokens each side.
+  global_rope_theta: float   # Rotary base of the global layers.
+  local_rope_theta: float    # Rotary base of the local layers.
   # Set by the trainer, not config.model.
   dtype: Any = jnp.float32   # Compute dtype; parameters are always float32.
   sentence_pair_head: bool = False  # Pooler + 2-way classifier on [CLS] (NSP/SOP).
@@ -144,3 +153,28 @@ def check_config(model: ml_collections.ConfigDict) -> None:
   one_of('model', 'remat', model.remat, REMATS)
   require(0.0 <= model.drop_token_rate < 1.0,
           f'config.model.drop_token_rate={model.drop_token_rate} must be in [0, 1).')
+  one_of('model', 'variant', model.variant, VARIANTS)
+  if model.variant == 'modern':
+    _check_modern(model)
+
+
+def _check_modern(model: ml_collections.ConfigDict) -> None:
+  """The fields only the 'modern' variant reads, and the options it lacks."""
+  require(model.global_attn_every_n_layers >= 1,
+          f'config.model.global_attn_every_n_layers={model.global_attn_every_n_layers} must be '
+          'at least 1 (1: every layer global).')
+  # The window is local_attention // 2 tokens each side: an odd value would
+  # silently mean the even one below it.
+  require(model.local_attention >= 2 and model.local_attention % 2 == 0,
+          f'config.model.local_attention={model.local_attention} must be a positive even '
+          'number (the window spans local_attention // 2 tokens on each side).')
+  for name in ('global_rope_theta', 'local_rope_theta'):
+    require(model[name] > 0, f'config.model.{name}={model[name]} must be positive.')
+  head_dim = model.hidden_size // model.num_heads
+  require(head_dim % 2 == 0,
+          f'config.model.hidden_size / num_heads = {head_dim}: rotary positions rotate pairs '
+          'of dimensions, so the head size must be even.')
+  require(not model.scan_layers,
+          "config.model.scan_layers=True with variant='modern': its layers differ (the first "
+          'has no attention norm, local and global layers alternate), so they are not '
+          'scanned; set scan_layers=False.')

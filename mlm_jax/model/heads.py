@@ -17,18 +17,26 @@ from mlm_jax.model.layers import zeros
 
 
 class MLMHead(nn.Module):
-  """Gather at masked positions -> dense + GELU + LayerNorm -> tied logits."""
+  """Gather at masked positions -> dense + GELU + LayerNorm -> tied logits (+ a bias).
+
+  BERT's head by default; ModernBERT's has no bias in the dense layer and
+  the LayerNorm (use_bias=False) and initialises the dense kernel with a
+  smaller std (transform_std).
+  """
 
   cfg: ModelConfig
+  use_bias: bool = True
+  transform_std: float | None = None  # None: cfg.initializer_range.
 
   @nn.compact
   def __call__(self, sequence: Array, masked_positions: Array, embedding: Array) -> Array:
     """sequence [B, T, d], masked_positions [B, P], embedding [V, d] -> logits [B, P, V]."""
     cfg = self.cfg
     x = cfg.batch_split(jnp.take_along_axis(sequence, masked_positions[..., None], axis=1))  # [B, P, d]
-    x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, MLP)),
+    x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, use_bias=self.use_bias,
+                 kernel_init=dense_init(cfg, (EMBED, MLP), self.transform_std),
                  bias_init=zeros((MLP,)), name='transform')(x)
-    x = layer_norm(cfg, 'layer_norm')(gelu(x))
+    x = layer_norm(cfg, 'layer_norm', self.use_bias)(gelu(x))
     bias = self.param('output_bias', zeros((VOCAB,)), (cfg.padded_vocab_size,))
     logits = jnp.einsum('bpd,vd->bpv', x, embedding.astype(cfg.dtype))
     logits = logits.astype(jnp.float32) + bias

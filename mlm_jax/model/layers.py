@@ -1,5 +1,6 @@
 """Building blocks the encoders share: initialisers with logical axis names, LayerNorm,
-GELU, and self-attention (our XLA formulation or cuDNN's fused kernel)."""
+GELU, the attention kernels (our XLA formulation, jax.nn.dot_product_attention or
+cuDNN's fused kernel) and BERT's self-attention."""
 
 from __future__ import annotations
 
@@ -17,17 +18,25 @@ from mlm_jax.model.config import resolve_attention
 # mesh ('embed' onto 'fsdp'), so the model never names a mesh axis itself.
 EMBED, MLP, HEADS, KV, VOCAB, TABLE = 'embed', 'mlp', 'heads', 'kv', 'vocab', 'table'
 
+# What a block keeps for the backward pass (config.model.remat, besides 'none').
+REMAT_POLICIES = {
+    'full': None,  # Keep only each block's input; recompute the rest.
+    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # Keep matmul outputs.
+}
 
-def dense_init(cfg: ModelConfig, names: tuple[str, ...]):
-  return nn.with_logical_partitioning(nn.initializers.truncated_normal(cfg.initializer_range), names)
+
+def dense_init(cfg: ModelConfig, names: tuple[str, ...], std: float | None = None):
+  """Truncated normal of `std` (default cfg.initializer_range), axes named `names`."""
+  std = cfg.initializer_range if std is None else std
+  return nn.with_logical_partitioning(nn.initializers.truncated_normal(std), names)
 
 
 def zeros(names: tuple[str, ...]):
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
 
 
-def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, name=name,
+def layer_norm(cfg: ModelConfig, name: str, use_bias: bool = True) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, name=name, use_bias=use_bias,
                       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (EMBED,)),
                       bias_init=zeros((EMBED,)))
 
@@ -55,7 +64,10 @@ def uses_cudnn_attention(cfg: ModelConfig) -> bool:
 
 def softmax_attention(q: Array, k: Array, v: Array, key_mask: Array,
                       dropout=lambda w: w) -> Array:
-  """softmax(q·kᵀ/√H, keys masked)·v for q, k, v [B, T, N, H] and key_mask [B, T] -> [B, T, N, H].
+  """softmax(q·kᵀ/√H, keys masked)·v for q, k, v [B, T, N, H] -> [B, T, N, H].
+
+  key_mask: [B, T], the keys every query may see, or [B, T, T], per query
+  (e.g. a sliding window).
 
   The queries are scaled (not the [B, N, T, T] scores), masked keys get a
   large negative bias, and the unnormalised weights exp(s - max s) meet v
@@ -66,11 +78,39 @@ def softmax_attention(q: Array, k: Array, v: Array, key_mask: Array,
   Scores, weights and sums are float32 whatever the compute dtype.
   """
   scores = jnp.einsum('bqnh,bknh->bnqk', q * (1.0 / math.sqrt(q.shape[-1])), k)
-  scores = scores.astype(jnp.float32) + jnp.where(key_mask, 0.0, -1e9)[:, None, None, :]
+  bias = jnp.where(key_mask, 0.0, -1e9)
+  bias = bias[:, None, None, :] if key_mask.ndim == 2 else bias[:, None]  # [B, 1, 1|T, T]
+  scores = scores.astype(jnp.float32) + bias
   weights = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
   total = jnp.swapaxes(jnp.sum(weights, axis=-1), 1, 2)[..., None]       # [B, T, N, 1]
   out = jnp.einsum('bnqk,bknh->bqnh', dropout(weights).astype(v.dtype), v)
   return (out.astype(jnp.float32) / total).astype(v.dtype)
+
+
+def attend(cfg: ModelConfig, q: Array, k: Array, v: Array, key_mask: Array,
+           deterministic: bool) -> Array:
+  """q, k, v [B, T, N, H] -> [B, T, N, H], by the kernel cfg.attention resolves to.
+
+  key_mask: [B, T] bool (True = real token), or [B, T, T] (what each query
+  may see). Called inside a module's compact method (its dropout is one).
+  Real tokens come first in every row and padding last, so a [B, T] mask is
+  also a length per row: the fused cuDNN kernel takes those lengths rather
+  than a dense [B, 1, T, T] mask (slow there). cuDNN has no two-sided window,
+  so a [B, T, T] mask goes to jax.nn.dot_product_attention's XLA path
+  instead. Only our kernel ('xla') has dropout on the attention
+  probabilities (config checks and 'auto' see to it).
+  """
+  dropout = 0.0 if deterministic else cfg.attention_dropout_rate
+  kernel = attention_kernel(cfg)
+  if dropout == 0.0 and kernel == 'cudnn' and key_mask.ndim == 2:
+    lengths = jnp.sum(key_mask, axis=-1, dtype=jnp.int32)
+    return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
+                                        implementation='cudnn')
+  if dropout == 0.0 and kernel in ('dot_product', 'cudnn'):
+    mask = key_mask[:, None, None, :] if key_mask.ndim == 2 else key_mask[:, None]
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation='xla')
+  return softmax_attention(q, k, v, key_mask,
+                           lambda w: nn.Dropout(dropout)(w, deterministic=dropout == 0.0))
 
 
 class SelfAttention(nn.Module):
@@ -78,31 +118,14 @@ class SelfAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, key_mask: Array, deterministic: bool) -> Array:
-    """x: [B, T, d], key_mask: [B, T] bool (True = real token) -> [B, T, d].
-
-    Real tokens come first in every row and padding last, so the mask is also
-    a length per row: the fused cuDNN kernel takes those lengths rather than
-    a dense [B, 1, T, T] mask (slow there). Only our kernel ('xla') has
-    dropout on the attention probabilities (config checks and 'auto' see to it).
-    """
+    """x: [B, T, d], key_mask: [B, T] bool (True = real token) -> [B, T, d] (kernel: `attend`)."""
     cfg = self.cfg
     head_dim = cfg.hidden_size // cfg.num_heads
     proj = lambda name: nn.DenseGeneral(
         (cfg.num_heads, head_dim), dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, HEADS, KV)),
         bias_init=zeros((HEADS, KV)), name=name)
     q, k, v = (cfg.batch_split(proj(name)(x)) for name in ('query', 'key', 'value'))  # [B, T, N, H]
-    dropout = 0.0 if deterministic else cfg.attention_dropout_rate
-    kernel = attention_kernel(cfg)
-    if dropout == 0.0 and kernel == 'cudnn':
-      lengths = jnp.sum(key_mask, axis=-1, dtype=jnp.int32)
-      out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
-                                         implementation='cudnn')
-    elif dropout == 0.0 and kernel == 'dot_product':
-      out = jax.nn.dot_product_attention(q, k, v, mask=key_mask[:, None, None, :],
-                                         implementation='xla')
-    else:
-      out = softmax_attention(q, k, v, key_mask,
-                              lambda w: nn.Dropout(dropout)(w, deterministic=dropout == 0.0))
+    out = attend(cfg, q, k, v, key_mask, deterministic)
     return nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), dtype=cfg.dtype,
                            kernel_init=dense_init(cfg, (HEADS, KV, EMBED)),
                            bias_init=zeros((EMBED,)), name='out')(out)

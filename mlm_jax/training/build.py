@@ -59,7 +59,7 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
       sentence_pair_head=pairs, batch_sharding=sharding.batch_sharding(mesh),
       attention=model_lib.resolve_attention(config.model.attention, platform, dtype,
                                             config.model.attention_dropout_rate))
-  model = model_lib.BertForMLM(model_cfg)
+  model = model_lib.mlm_model(model_cfg)
   tx = step_lib.make_optimizer(config.train)
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))

@@ -1,0 +1,217 @@
+"""ModernBERT (Warner et al., 2024): the encoder of transformers' ModernBertForMaskedLM.
+
+What differs from bert.py, layer by layer, all as Hugging Face computes it:
+
+  embeddings  token table + LayerNorm; no position or segment tables
+  blocks      pre-LN: x += Attn(LN(x)); x += MLP(LN(x)); layer 0 has no
+              attention LayerNorm (its input is the embeddings' LayerNorm)
+  attention   one fused q/k/v projection, rotary positions (rotate-half
+              layout) on q and k; layers 0, n, 2n, ... (n =
+              global_attn_every_n_layers) see the whole row with base
+              global_rope_theta, the others only the tokens at most
+              local_attention // 2 positions away, with base local_rope_theta
+  MLP         GeGLU: Wi projects to [input, gate] (2·d_ff), GELU(input)·gate, Wo
+  output      a final LayerNorm after the last block
+  head        dense + GELU + LayerNorm (heads.MLMHead without biases), then
+              the tied token embedding plus a bias
+  biases      none in projections or LayerNorms (the decoder bias aside)
+
+GELU is the exact (erf) one and LayerNorm's epsilon is config.model.layer_norm_eps
+(ModernBERT: 1e-5). Dropout sits where Hugging Face has it: dropout_rate after
+the embeddings' LayerNorm and on GELU(input)·gate; attention_dropout_rate on
+the attention probabilities and the attention output. Kernels start from a
+truncated normal of std initializer_range, divided by sqrt(2L) for those that
+write to the residual stream (attention out, Wo) and the head's dense layer,
+as ModernBERT initialises them (truncated at 2 std in both).
+
+The model takes the same batches and gives the same outputs as
+bert.BertForMLM (segment_ids are ignored), so the train step, evaluation and
+probes use either unchanged. Shapes: see mlm_jax/model/config.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from mlm_jax.model.bert import BertForMLM
+from mlm_jax.model.config import Array
+from mlm_jax.model.config import ModelConfig
+from mlm_jax.model.heads import MLMHead
+from mlm_jax.model.heads import SentencePairHead
+from mlm_jax.model.layers import EMBED
+from mlm_jax.model.layers import HEADS
+from mlm_jax.model.layers import KV
+from mlm_jax.model.layers import MLP
+from mlm_jax.model.layers import REMAT_POLICIES
+from mlm_jax.model.layers import VOCAB
+from mlm_jax.model.layers import attend
+from mlm_jax.model.layers import dense_init
+from mlm_jax.model.layers import gelu
+from mlm_jax.model.layers import layer_norm
+
+Rotary = tuple[Array, Array]  # cos, sin: [B or 1, T, 1, H], float32.
+
+
+def is_global(cfg: ModelConfig, layer: int) -> bool:
+  """Whether block `layer` attends to the whole row (else to a local window)."""
+  return layer % cfg.global_attn_every_n_layers == 0
+
+
+def out_std(cfg: ModelConfig) -> float:
+  """ModernBERT's init std of the projections that write to the residual stream."""
+  return cfg.initializer_range / math.sqrt(2.0 * cfg.num_layers)
+
+
+def rotary_tables(positions: Array, head_dim: int, theta: float) -> Rotary:
+  """positions [B or 1, T] -> (cos, sin) [B or 1, T, 1, H] of rotary base `theta`.
+
+  Frequency i (of H/2) is theta^(-2i/H); the angles are repeated for both
+  halves of a head (Hugging Face's rotate-half layout, not interleaved pairs).
+  """
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq           # [B, T, H/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]     # [B, T, 1, H]
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary(x: Array, rotary: Rotary) -> Array:
+  """x [B, T, N, H] rotated by position: x·cos + rotate_half(x)·sin, in float32."""
+  cos, sin = rotary
+  xf = x.astype(jnp.float32)
+  first, second = jnp.split(xf, 2, axis=-1)
+  return (xf * cos + jnp.concatenate([-second, first], axis=-1) * sin).astype(x.dtype)
+
+
+class ModernEmbeddings(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, input_ids: Array, deterministic: bool) -> Array:
+    """input_ids [B, T] -> LayerNorm(token embedding) [B, T, d]: no position or segment tables."""
+    cfg = self.cfg
+    x = nn.Embed(cfg.padded_vocab_size, cfg.hidden_size,
+                 embedding_init=dense_init(cfg, (VOCAB, EMBED)), name='token')(input_ids)
+    x = layer_norm(cfg, 'layer_norm', use_bias=False)(cfg.batch_split(x))
+    return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+class ModernAttention(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, rotary: Rotary, deterministic: bool) -> Array:
+    """x [B, T, d], mask [B, T] or [B, T, T] (see layers.attend) -> [B, T, d]."""
+    cfg = self.cfg
+    n, h = cfg.num_heads, cfg.hidden_size // cfg.num_heads
+    # One projection to (q, k, v) as Hugging Face's Wqkv: [d, 3, N, H].
+    qkv = nn.DenseGeneral((3, n, h), use_bias=False, dtype=cfg.dtype,
+                          kernel_init=dense_init(cfg, (EMBED, None, HEADS, KV)), name='qkv')(x)
+    q, k, v = (cfg.batch_split(qkv[:, :, i]) for i in range(3))           # [B, T, N, H]
+    out = attend(cfg, apply_rotary(q, rotary), apply_rotary(k, rotary), v, mask, deterministic)
+    out = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
+                          kernel_init=dense_init(cfg, (HEADS, KV, EMBED), out_std(cfg)),
+                          name='out')(out)
+    return nn.Dropout(cfg.attention_dropout_rate)(out, deterministic=deterministic)
+
+
+class GeGLU(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    """x [B, T, d] -> Wo(GELU(input)·gate) [B, T, d]; [input, gate] = Wi(x) [B, T, 2·d_ff]."""
+    cfg = self.cfg
+    h = nn.Dense(2 * cfg.intermediate_size, use_bias=False, dtype=cfg.dtype,
+                 kernel_init=dense_init(cfg, (EMBED, MLP)), name='wi')(x)
+    inputs, gate = jnp.split(cfg.batch_split(h), 2, axis=-1)
+    h = nn.Dropout(cfg.dropout_rate)(gelu(inputs) * gate, deterministic=deterministic)
+    return nn.Dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
+                    kernel_init=dense_init(cfg, (MLP, EMBED), out_std(cfg)), name='wo')(h)
+
+
+class ModernBlock(nn.Module):
+  """Pre-LN block: x += Attn(LN(x)); x += GeGLU(LN(x)). No attention LN in layer 0."""
+
+  cfg: ModelConfig
+  first: bool  # Layer 0: its input is the embeddings' LayerNorm already.
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array, rotary: Rotary, deterministic: bool) -> Array:
+    cfg = self.cfg
+    x = cfg.batch_split(x)
+    h = x if self.first else layer_norm(cfg, 'attention_norm', use_bias=False)(x)
+    x = x + cfg.batch_split(ModernAttention(cfg, name='attention')(h, mask, rotary, deterministic))
+    h = layer_norm(cfg, 'mlp_norm', use_bias=False)(x)
+    return cfg.batch_split(x + GeGLU(cfg, name='mlp')(h, deterministic))
+
+
+def _block_class(cfg: ModelConfig):
+  if cfg.remat == 'none':
+    return ModernBlock
+  # Argument 4 (self counts as 0) is the Python bool `deterministic`.
+  return nn.remat(ModernBlock, policy=REMAT_POLICIES[cfg.remat], static_argnums=(4,))
+
+
+def attention_masks(key_mask: Array, positions: Array, window: int) -> tuple[Array, Array]:
+  """key_mask [B, T] bool, positions [B or 1, T] -> (global [B, T], local [B, T, T]) masks.
+
+  A local query sees the real keys at most `window` positions away (in the
+  original row: DropToken keeps positions), as Hugging Face's bidirectional
+  sliding window |i - j| <= local_attention // 2.
+  """
+  near = jnp.abs(positions[:, :, None] - positions[:, None, :]) <= window  # [B, T, T]
+  return key_mask, key_mask[:, None, :] & near
+
+
+class ModernEncoder(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, input_ids: Array, segment_ids: Array, attention_mask: Array,
+               deterministic: bool = True, return_all_layers: bool = False,
+               positions: Array | None = None) -> Array:
+    """[B, T] ids -> contextual embeddings [B, T, d] (after the final LayerNorm).
+
+    Same arguments as bert.Encoder; segment_ids are not used (ModernBERT has
+    no segment table). With return_all_layers: [L + 1, B, T, d], the final
+    LayerNorm of the embeddings' output and of every block's output, the last
+    being the usual output: a pre-LN model's head reads normalised states.
+    """
+    del segment_ids
+    cfg = self.cfg
+    if cfg.scan_layers:
+      raise ValueError("scan_layers is not supported by variant 'modern' (see config.py).")
+    x = ModernEmbeddings(cfg, name='embeddings')(input_ids, deterministic)
+    positions = jnp.arange(input_ids.shape[1])[None] if positions is None else positions
+    masks = attention_masks(attention_mask.astype(bool), positions, cfg.local_attention // 2)
+    head_dim = cfg.hidden_size // cfg.num_heads
+    rotary = (rotary_tables(positions, head_dim, cfg.global_rope_theta),
+              rotary_tables(positions, head_dim, cfg.local_rope_theta))
+    layers = [x]
+    for i in range(cfg.num_layers):
+      kind = 0 if is_global(cfg, i) else 1
+      x = _block_class(cfg)(cfg, first=i == 0, name=f'layer_{i}')(
+          x, masks[kind], rotary[kind], deterministic)
+      layers.append(x)
+    final_norm = layer_norm(cfg, 'final_norm', use_bias=False)
+    if return_all_layers:
+      return jnp.stack([final_norm(y) for y in layers])
+    return final_norm(x)
+
+
+class ModernBertForMLM(BertForMLM):
+  """BertForMLM's calls and outputs over the ModernBERT encoder and head.
+
+  Its parameters: encoder/embeddings/{token, layer_norm}, encoder/layer_i/
+  {attention_norm (i > 0), attention/{qkv, out}, mlp_norm, mlp/{wi, wo}},
+  encoder/final_norm, mlm_head/{transform, layer_norm, output_bias}.
+  """
+
+  def setup(self):
+    self.encoder = ModernEncoder(self.cfg)
+    self.mlm_head = MLMHead(self.cfg, use_bias=False, transform_std=out_std(self.cfg))
+    if self.cfg.sentence_pair_head:
+      self.sentence_pair = SentencePairHead(self.cfg)

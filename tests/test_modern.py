@@ -1,0 +1,313 @@
+"""Variant 'modern' (ModernBERT): Hugging Face's numbers both ways, the shared step, BERT intact.
+
+The Hugging Face comparisons need the interop extra (torch, transformers,
+safetensors, tokenizers) and are skipped without it; the rest runs on its own.
+"""
+
+import json
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from configs import base
+from configs import modern_base
+from configs import modern_large
+from configs import modern_tiny
+from mlm_jax import configuration
+from mlm_jax import model as model_lib
+from mlm_jax.config_check import ConfigError
+from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.model import config as config_lib
+from mlm_jax.runtime import sharding
+from mlm_jax.training import build as build_lib
+from tests.conftest import micro_config
+from tests.conftest import model_config
+
+V, T = 300, 32  # A vocabulary that is not a multiple of 128: the model has padding rows.
+LENGTHS = (32, 9, 20, 27)  # Real tokens per row; [PAD] after.
+
+
+def _cfg(**fields):
+  """3 layers: 0 and 2 global, 1 local with a window of 4 tokens each side (< T)."""
+  shape = dict(vocab_size=V, padded_vocab_size=384, num_layers=3, hidden_size=64, num_heads=4,
+               intermediate_size=96, max_position_embeddings=T, variant='modern',
+               global_attn_every_n_layers=2, local_attention=8, global_rope_theta=1000.0,
+               local_rope_theta=50.0, layer_norm_eps=1e-5, dropout_rate=0.0,
+               attention_dropout_rate=0.0)
+  return model_config(**(shape | fields))
+
+
+def _batch(seed: int = 0, p: int = T) -> dict[str, np.ndarray]:
+  """Rows of LENGTHS real tokens; p = T gathers every position (the encoder's whole output)."""
+  rng = np.random.default_rng(seed)
+  mask = (np.arange(T)[None] < np.array(LENGTHS)[:, None]).astype(np.int32)
+  ids = np.where(mask > 0, rng.integers(5, V, mask.shape), tok_lib.PAD_ID).astype(np.int32)
+  if p == T:
+    positions = np.tile(np.arange(T, dtype=np.int32), (len(LENGTHS), 1))
+  else:
+    positions = np.stack([np.sort(rng.choice(np.arange(1, n), p, replace=False)) for n in LENGTHS])
+  return {'input_ids': ids, 'attention_mask': mask, 'segment_ids': np.zeros_like(ids),
+          'masked_positions': positions.astype(np.int32),
+          'masked_ids': rng.integers(5, V, positions.shape).astype(np.int32),
+          'masked_weights': np.ones(positions.shape, np.float32),
+          'masked_kinds': np.ones(positions.shape, np.int32)}
+
+
+def _logits(cfg, params, batch) -> np.ndarray:
+  """Our logits [B, P, V] over the real vocabulary."""
+  out = model_lib.mlm_model(cfg).apply({'params': params}, batch, deterministic=True)
+  return np.asarray(out)[..., :cfg.vocab_size]
+
+
+def _random_params(cfg, seed: int = 0):
+  """Initialised params with every leaf perturbed, so that no tensor is trivially 0 or 1."""
+  params = nn.unbox(model_lib.mlm_model(cfg).init(jax.random.key(seed), _batch())['params'])
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_unflatten(
+      tree, [np.asarray(x) + rng.normal(0, 0.1, x.shape).astype(np.float32) for x in leaves])
+
+
+# ------------------------------------------------------------------ configs
+
+
+def test_configs_check_and_have_the_published_shapes():
+  for module, shape in ((modern_base, (22, 768, 12, 1152)), (modern_large, (28, 1024, 16, 2624))):
+    config = module.get_config()
+    config_lib.check_config(config.model)
+    m = config.model
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.intermediate_size) == shape
+    assert (m.variant, m.local_attention, m.global_attn_every_n_layers) == ('modern', 128, 3)
+    assert (m.global_rope_theta, m.local_rope_theta, m.max_position_embeddings) == (
+        160_000.0, 10_000.0, 8192)
+    assert (m.dropout_rate, m.attention_dropout_rate, m.layer_norm_eps) == (0.0, 0.0, 1e-5)
+    assert config.tokenizer.vocab_size == 50368
+  configuration.validate(modern_tiny.get_config(), num_devices=1, check_paths=False)
+  assert base.get_config().model.variant == 'bert'
+
+
+@pytest.mark.parametrize('fields, message', [
+    ({'variant': 'roberta'}, r"use 'bert' or 'modern'"),
+    ({'scan_layers': True}, 'scan_layers=True'),
+    ({'local_attention': 7}, 'positive even'),
+    ({'global_attn_every_n_layers': 0}, 'at least 1'),
+    ({'hidden_size': 96, 'num_heads': 32}, 'head size must be even'),  # Head size 3.
+])
+def test_invalid_modern_fields_are_named(fields, message):
+  model = modern_tiny.get_config().model
+  model.update(fields)
+  with pytest.raises(ConfigError, match=message):
+    config_lib.check_config(model)
+
+
+# ------------------------------------------------------------------ model
+
+
+def test_bert_parameter_tree_is_unchanged():
+  cfg = model_config(vocab_size=V, padded_vocab_size=384, num_layers=1, hidden_size=64,
+                     num_heads=4, intermediate_size=96, max_position_embeddings=T)
+  assert type(model_lib.mlm_model(cfg)) is model_lib.BertForMLM
+  params = nn.unbox(model_lib.mlm_model(cfg).init(jax.random.key(0), _batch())['params'])
+  shapes = {'/'.join(k.key for k in path): x.shape
+            for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  dense = lambda name, shape_in, shape_out: {f'{name}/kernel': (*shape_in, *shape_out),
+                                             f'{name}/bias': shape_out}
+  norm = lambda name: {f'{name}/scale': (64,), f'{name}/bias': (64,)}
+  layer = 'encoder/layer_0'
+  assert shapes == {
+      'encoder/embeddings/token/embedding': (384, 64),
+      'encoder/embeddings/position/embedding': (T, 64),
+      'encoder/embeddings/segment/embedding': (2, 64),
+      **norm('encoder/embeddings/layer_norm'),
+      **{k: v for name in ('query', 'key', 'value')
+         for k, v in dense(f'{layer}/attention/{name}', (64,), (4, 16)).items()},
+      **dense(f'{layer}/attention/out', (4, 16), (64,)),
+      **norm(f'{layer}/attention_layer_norm'),
+      **dense(f'{layer}/intermediate', (64,), (96,)),
+      **dense(f'{layer}/output', (96,), (64,)),
+      **norm(f'{layer}/output_layer_norm'),
+      **dense('mlm_head/transform', (64,), (64,)),
+      **norm('mlm_head/layer_norm'),
+      'mlm_head/output_bias': (384,),
+  }
+
+
+def test_modern_parameters_have_no_biases_and_fsdp_splits_every_matrix():
+  boxed = model_lib.mlm_model(_cfg()).init(jax.random.key(0), _batch())['params']
+  axes = jax.tree_util.tree_map(lambda x: x.names, boxed,
+                                is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  names = jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda x: isinstance(x, tuple))
+  paths = {'/'.join(k.key for k in path): axes for path, axes in names}
+  assert [p for p in paths if p.endswith('bias')] == ['mlm_head/output_bias']
+  assert 'encoder/layer_0/attention_norm/scale' not in paths  # As Hugging Face's Identity.
+  assert 'encoder/layer_1/attention_norm/scale' in paths
+  matrices = {p: axes for p, axes in paths.items() if p.endswith(('kernel', 'embedding'))}
+  assert len(matrices) == 1 + 3 * 4 + 1
+  assert all('embed' in axes for axes in matrices.values()), matrices  # The axis fsdp splits.
+
+
+def test_kernels_and_remat_give_the_same_logits():
+  params, batch = _random_params(_cfg()), _batch(1)
+  ours = _logits(_cfg(), params, batch)
+  for options in (dict(attention='dot_product'), dict(remat='full'), dict(remat='dots')):
+    np.testing.assert_allclose(_logits(_cfg(**options), params, batch), ours, atol=1e-5,
+                               err_msg=str(options))
+
+
+def test_modern_trains_through_the_shared_step_on_an_fsdp_mesh():
+  config = modern_tiny.get_config()
+  config.data.seq_len, config.masking.max_predictions = T, 5
+  m = config.model
+  m.num_layers, m.hidden_size, m.num_heads, m.intermediate_size = 3, 64, 4, 96
+  m.max_position_embeddings, m.local_attention = T, 8
+  # Dropout and DropToken on, to run every random path of the variant.
+  m.dropout_rate, m.attention_dropout_rate, m.drop_token_rate = 0.1, 0.1, 0.1
+  config.train.batch_size, config.train.warmup_steps, config.mesh.fsdp = 8, 1, 2
+  mesh = sharding.make_mesh(fsdp=2)
+  built = build_lib.build(config, V, mesh)
+  assert built.model_cfg.variant == 'modern'
+  state = built.init_state()
+  wi = state.params['encoder']['layer_1']['mlp']['wi']['kernel']
+  assert wi.addressable_shards[0].data.shape == (32, 192)  # [d / fsdp, 2 d_ff]
+  batch = {k: v for k, v in _batch(2, p=5).items()}
+  batch = {k: np.concatenate([v, v]) for k, v in batch.items()}  # 8 rows: one per device.
+  losses = []
+  for _ in range(6):
+    state, metrics = built.train_step(state, sharding.to_global(batch, mesh), built.dropout_rng)
+    losses.append(float(metrics['loss']))
+  assert np.isfinite(losses).all() and losses[-1] < losses[0] - 0.5, losses
+
+
+# ------------------------------------------------------- Hugging Face parity
+
+
+def _transformers():
+  for module in ('torch', 'safetensors', 'tokenizers'):
+    pytest.importorskip(module)
+  return pytest.importorskip('transformers')
+
+
+def _hf_logits(hf_model, batch) -> np.ndarray:
+  """Hugging Face's logits [B, T, V] gathered at batch['masked_positions']."""
+  import torch
+  with torch.no_grad():
+    logits = hf_model(input_ids=torch.tensor(batch['input_ids'], dtype=torch.long),
+                      attention_mask=torch.tensor(batch['attention_mask'])).logits.numpy()
+  return np.take_along_axis(logits, batch['masked_positions'][..., None], axis=1)
+
+
+def _max_diff_at_real_tokens(ours, theirs, batch) -> float:
+  """Padding positions are left out: their outputs are never read (and a local
+  layer may leave a padding query with no key at all)."""
+  real = np.take_along_axis(batch['attention_mask'], batch['masked_positions'], axis=1) > 0
+  return float(np.abs(ours - theirs)[real].max())
+
+
+def _hf_model(transformers, seed: int = 0):
+  """A ModernBertForMaskedLM of _cfg()'s shape, every tensor random (norms around 1)."""
+  import torch
+  torch.manual_seed(seed)
+  c = _cfg()
+  config = transformers.ModernBertConfig(
+      vocab_size=V, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+      num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+      max_position_embeddings=T, local_attention=c.local_attention,
+      global_attn_every_n_layers=c.global_attn_every_n_layers,
+      global_rope_theta=c.global_rope_theta, local_rope_theta=c.local_rope_theta,
+      pad_token_id=tok_lib.PAD_ID, bos_token_id=tok_lib.CLS_ID, cls_token_id=tok_lib.CLS_ID,
+      eos_token_id=tok_lib.SEP_ID, sep_token_id=tok_lib.SEP_ID, attn_implementation='eager')
+  model = transformers.ModernBertForMaskedLM(config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      p.copy_(torch.randn_like(p) * 0.1 + (1.0 if 'norm' in name else 0.0))
+  return model
+
+
+def test_imported_hf_model_gives_hf_logits(tmp_path):
+  from mlm_jax.interop import hf
+  hf_model = _hf_model(_transformers())
+  hf_model.save_pretrained(tmp_path)
+  cfg = hf.load_hf_config(str(tmp_path), base.get_config().model)
+  assert cfg == _cfg()
+  params = hf.load_hf_params(str(tmp_path), cfg)
+  batch = _batch(3)
+  ours, theirs = _logits(cfg, params, batch), _hf_logits(hf_model, batch)
+  diff = _max_diff_at_real_tokens(ours, theirs, batch)
+  print(f'HF -> ours: max |ours - HF| = {diff:.2e} (logit scale {np.abs(theirs).max():.1f})')
+  assert diff <= 1e-5
+  # The window matters: without it the local layer computes something else.
+  wide = _logits(_cfg(local_attention=2 * T), params, batch)
+  assert _max_diff_at_real_tokens(wide, theirs, batch) > 1e-2
+  # ModernBertModel weights (no head) keep the head they are given.
+  hf_model.model.save_pretrained(tmp_path / 'base_model')
+  encoder_only = hf.load_hf_params(str(tmp_path / 'base_model'), cfg, fallback_params=params)
+  for a, b in zip(jax.tree_util.tree_leaves(encoder_only), jax.tree_util.tree_leaves(params)):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match="holds a 'modernbert' model"):
+    hf.load_hf_params(str(tmp_path), model_config())
+
+
+@pytest.mark.parametrize('attn_implementation', ['eager', 'sdpa'])
+def test_export_loads_as_modernbert_with_our_logits_and_round_trips(attn_implementation, tmp_path):
+  from mlm_jax.interop import hf
+  transformers = _transformers()
+  cfg, params = _cfg(), _random_params(_cfg(), seed=4)
+  hf.save_model(str(tmp_path), params, cfg)
+  hf_model, info = transformers.AutoModelForMaskedLM.from_pretrained(
+      tmp_path, attn_implementation=attn_implementation, output_loading_info=True)
+  assert type(hf_model).__name__ == 'ModernBertForMaskedLM'
+  assert not (info['missing_keys'] or info['unexpected_keys'] or info['mismatched_keys'])
+  assert hf_model.config.layer_types == ['full_attention', 'sliding_attention', 'full_attention']
+  assert hf_model.config.sliding_window == 4
+  batch = _batch(5)
+  ours, theirs = _logits(cfg, params, batch), _hf_logits(hf_model.eval(), batch)
+  diff = _max_diff_at_real_tokens(ours, theirs, batch)
+  print(f'ours -> HF ({attn_implementation}): max |ours - HF| = {diff:.2e} '
+        f'(logit scale {np.abs(theirs).max():.1f})')
+  assert diff <= 1e-5
+  assert hf.load_hf_config(str(tmp_path), base.get_config().model) == cfg
+  loaded = hf.load_hf_params(str(tmp_path), cfg)
+  for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(params)[0],
+                          jax.tree_util.tree_leaves(loaded)):
+    rows = cfg.vocab_size if x.shape[0] == cfg.padded_vocab_size else x.shape[0]
+    np.testing.assert_array_equal(y[:rows], x[:rows], err_msg=jax.tree_util.keystr(path))
+    assert not y[rows:].any()  # Vocabulary padding comes back as zeros.
+
+
+@pytest.fixture(scope='module')
+def exported_run(prepared, corpus_glob, tmp_path_factory):
+  """A micro run of variant 'modern' (a local layer with a window < T), trained and exported."""
+  from mlm_jax.interop import export as export_lib
+  from mlm_jax.training import loop as trainer
+  _transformers()
+  config = micro_config(corpus_glob, prepared[0].data.data_dir)
+  config.model.variant, config.model.local_attention = 'modern', 8
+  config.model.layer_norm_eps = 1e-5
+  config.train.num_steps, config.train.eval_every, config.train.checkpoint_every = 4, 4, 4
+  workdir = str(tmp_path_factory.mktemp('modern_run'))
+  trainer.train_and_evaluate(config, workdir)
+  out = str(tmp_path_factory.mktemp('modern_export'))
+  return export_lib.export(workdir, out), out
+
+
+def test_fill_mask_pipeline_loads_the_export_and_agrees_with_ours(exported_run):
+  from mlm_jax.analysis import fill_mask
+  transformers = _transformers()
+  run, out = exported_run
+  with open(os.path.join(out, 'config.json')) as f:
+    assert json.load(f)['architectures'] == ['ModernBertForMaskedLM']
+  model = transformers.AutoModelForMaskedLM.from_pretrained(out, attn_implementation='eager')
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  assert 'token_type_ids' not in tokenizer('a test')  # ModernBERT takes none.
+  pipe = transformers.pipeline('fill-mask', model=model, tokenizer=tokenizer)
+  text = 'The function returns a [MASK] of strings, and the [MASK] is sorted by the key.'
+  theirs = pipe(text, top_k=5)
+  ours = fill_mask.predict(run, [text], top_k=5)[0]
+  assert len(theirs) == len(ours) == 2
+  for their_mask, our_mask in zip(theirs, ours):
+    assert [run.tokenizer.id_to_piece(r['token']) for r in their_mask] == [p for p, _ in our_mask]
+    np.testing.assert_allclose([r['score'] for r in their_mask], [q for _, q in our_mask],
+                               atol=1e-6)
