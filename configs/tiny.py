@@ -1,4 +1,4 @@
-"""A small BERT for a CPU quick start: trains on the default corpus in ~9 minutes on 2 cores.
+"""A small BERT for a CPU quick start: trains on the default corpus in ~10 minutes on 2 cores.
 
 Sizes were chosen by measurement on a 2-core CPU: at this budget a narrow
 4-layer model with a small vocabulary and batch reaches a higher held-out MLM
