@@ -544,8 +544,10 @@ def test_slurm_venv_default_and_check(repo):
 # --- slurm: commands ---------------------------------------------------------------------
 
 
-def test_slurm_submit_srun_and_preflight_commands():
-  options = _slurm_options('--workdir=/w', '--', EXTRA, '--config.data.data_dir=/d', '--x=1')
+def test_slurm_submit_srun_and_preflight_commands(repo):
+  # `repo` has no .venv: a checkout's own .venv would become the default --venv.
+  options = _slurm_options('--workdir=/w', '--', EXTRA, '--config.data.data_dir=/d', '--x=1',
+                           repo=repo)
   assert slurm.submit_command(options, '/repo') == [
       'sbatch', '--chdir=/repo', '/repo/launch/slurm_gpu.sh', '--config=configs/base.py',
       '--workdir=/w', '--gpu=h100', '--', EXTRA, '--config.data.data_dir=/d', '--x=1']
