@@ -197,6 +197,10 @@ def test_without_a_known_peak_mfu_is_na():
   assert 'MFU' in bench.format_report(result) and 'n/a' in bench.format_report(result)
   with pytest.raises(config_lib.ConfigError, match='--steps=0'):
     bench.run_benchmark(config, steps=0)
+  # The HF peer is a BertForMaskedLM: a ModernBERT config is refused before anything compiles.
+  config.model.variant = 'modern'
+  with pytest.raises(config_lib.ConfigError, match="variant='modern'"):
+    bench.run_benchmark(config, compare='hf')
 
 
 def test_synthetic_rows_are_full_and_masked_by_the_masker():

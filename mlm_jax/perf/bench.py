@@ -215,6 +215,10 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
     raise config_lib.ConfigError(
         f'config.sentence_pair.task={config.sentence_pair.task!r}: the benchmark times the MLM '
         "objective only (as Hugging Face's BertForMaskedLM); leave it 'none'.")
+  if compare == 'hf' and config.model.variant != 'bert':
+    raise config_lib.ConfigError(
+        f"--compare=hf times Hugging Face's BertForMaskedLM; config.model.variant="
+        f"{config.model.variant!r} has no peer there (compare with variant='bert').")
   host_batches = synthetic_batches(config, num_batches)
   tokens_per_step = float(np.mean([b['attention_mask'].sum() for b in host_batches]))
 

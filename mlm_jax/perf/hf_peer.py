@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from mlm_jax.config_check import ConfigError
 from mlm_jax.interop import hf as hf_lib
 
 
@@ -58,9 +57,6 @@ class TorchRunner:
 
   def __init__(self, config: ml_collections.ConfigDict, model_cfg, host_batches,
                lr_per_step: np.ndarray, use_gpu: bool, compiled: bool):
-    if model_cfg.variant != 'bert':
-      raise ConfigError(f'the Hugging Face peer is BertForMaskedLM; config.model.variant='
-                        f"{model_cfg.variant!r} has none here (compare with variant='bert').")
     torch = hf_lib.require('torch')
     transformers = hf_lib.require('transformers')
     if compiled and not use_gpu and cxx_compiler() is None:
