@@ -1,34 +1,62 @@
 """Training FLOPs per token and model FLOPs utilisation (MFU).
 
 MFU = achieved model FLOP/s / peak FLOP/s of the devices, where the model
-FLOPs count only the matrix multiplies a BERT step needs (forward + backward =
+FLOPs count only the matrix multiplies an MLM step needs (forward + backward =
 3x forward = 6 FLOPs per weight per token), not recomputation or overheads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from mlm_jax import model as model_lib
+from mlm_jax.model import modern as modern_lib
 from mlm_jax.perf import hardware
 
 
 def flops_per_token(*, num_layers: int, hidden_size: int, intermediate_size: int,
-                    seq_len: int, vocab_size: int, max_predictions: int) -> float:
-  """Training FLOPs per token of a BERT MLM step:
+                    seq_len: int, vocab_size: int, max_predictions: int, mlp_matrices: int = 2,
+                    attention_context: Sequence[int] | None = None) -> float:
+  """Training FLOPs per token of an MLM step:
 
-    6·L·(4d² + 2·d·d_ff) + 12·L·d·T + 6·(d² + d·V)·(P/T)
+    6·L·(4d² + m·d·d_ff) + 12·d·ΣC + 6·(d² + d·V)·(P/T)
 
-  - 6·L·(4d² + 2·d·d_ff): the q, k, v, out projections and the MLP of every
-    block (6 FLOPs per weight per token for forward and backward);
-  - 12·L·d·T: attention scores QKᵀ and the weighted sum of V (2·T·d each,
-    forward, times 3 for the backward pass);
+  - 6·L·(4d² + m·d·d_ff): the q, k, v, out projections and the MLP of every
+    block (6 FLOPs per weight per token for forward and backward); the MLP has
+    m = 2 matrices (BERT) or 3 (GeGLU: its input projection is 2·d_ff wide);
+  - 12·d·ΣC: attention scores QKᵀ and the weighted sum of V (2·C·d each,
+    forward, times 3 for the backward pass), C the keys a query attends to in
+    each block: T, or a local window's width (`attention_context`, one per
+    block; default T for every block, BERT's 12·L·d·T);
   - 6·(d² + d·V)·(P/T): the MLM head's transform and tied output projection,
     run only on the P masked slots of every T tokens.
 
-  Embedding lookups, LayerNorm, softmax and GELU are left out. V is the padded
+  Embedding lookups, norms, softmax and GELU are left out. V is the padded
   vocabulary: the logits are computed for every row of the table.
   """
   L, d, d_ff, T, V, P = (num_layers, hidden_size, intermediate_size, seq_len, vocab_size,
                          max_predictions)
-  return 6 * L * (4 * d * d + 2 * d * d_ff) + 12 * L * d * T + 6 * (d * d + d * V) * (P / T)
+  context = sum(attention_context) if attention_context is not None else L * T
+  return 6 * L * (4 * d * d + mlp_matrices * d * d_ff) + 12 * d * context + 6 * (
+      d * d + d * V) * (P / T)
+
+
+def model_flops_per_token(cfg: model_lib.ModelConfig, seq_len: int, max_predictions: int) -> float:
+  """`flops_per_token` of a model config, either variant, with the padded vocabulary.
+
+  ModernBERT ('modern') has a GeGLU MLP (3 matrices) and its local blocks
+  attend to a window of local_attention + 1 keys (|i - j| <= local_attention
+  // 2), counted as such: model FLOPs count what the model needs, not the
+  masked-out scores a kernel may compute anyway.
+  """
+  modern = cfg.variant == 'modern'
+  context = [seq_len if not modern or modern_lib.is_global(cfg, i)
+             else min(seq_len, cfg.local_attention // 2 * 2 + 1) for i in range(cfg.num_layers)]
+  return flops_per_token(
+      num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
+      intermediate_size=cfg.intermediate_size, seq_len=seq_len,
+      vocab_size=cfg.padded_vocab_size, max_predictions=max_predictions,
+      mlp_matrices=3 if modern else 2, attention_context=context)
 
 
 def peak_flops_per_device(device_kind: str, peak_tflops: float = 0.0) -> float | None:

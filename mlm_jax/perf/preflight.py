@@ -307,11 +307,8 @@ class Preflight:
   def model_flops_per_device(self, figures: StepFigures) -> float:
     """flops.py's training FLOPs of one step, per device."""
     from mlm_jax.perf import flops as flops_lib  # pylint: disable=import-outside-toplevel
-    cfg, mdl = self.built.model_cfg, self.config.model
-    per_token = flops_lib.flops_per_token(
-        num_layers=mdl.num_layers, hidden_size=mdl.hidden_size,
-        intermediate_size=mdl.intermediate_size, seq_len=self.config.data.seq_len,
-        vocab_size=cfg.padded_vocab_size, max_predictions=self.config.masking.max_predictions)
+    per_token = flops_lib.model_flops_per_token(
+        self.built.model_cfg, self.config.data.seq_len, self.config.masking.max_predictions)
     tokens = figures.global_batch * self.config.data.seq_len / self.target.num_devices
     forward_only = 1 / 3 if figures.step == 'eval' else 1.0
     return per_token * tokens * forward_only

@@ -114,10 +114,8 @@ def for_run(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig,
             *, step: int, start_step: int, wall_time_s: float, counters: Counters,
             earlier_tokens: int | None, is_main: bool) -> dict[str, Any]:
   """summary.json's content for a run; losses and accuracies from metrics.jsonl (process 0)."""
-  flops_per_token = flops_lib.flops_per_token(
-      num_layers=model_cfg.num_layers, hidden_size=model_cfg.hidden_size,
-      intermediate_size=model_cfg.intermediate_size, seq_len=config.data.seq_len,
-      vocab_size=model_cfg.padded_vocab_size, max_predictions=config.masking.max_predictions)
+  flops_per_token = flops_lib.model_flops_per_token(model_cfg, config.data.seq_len,
+                                                    config.masking.max_predictions)
   device_kind = jax.devices()[0].device_kind
   peak = flops_lib.peak_flops_per_device(device_kind, config.profile.peak_tflops)
   return build(
