@@ -218,7 +218,8 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
   if compare == 'hf' and config.model.variant != 'bert':
     raise config_lib.ConfigError(
         f"--compare=hf times Hugging Face's BertForMaskedLM; config.model.variant="
-        f"{config.model.variant!r} has no peer there (compare with variant='bert').")
+        f"{config.model.variant!r} has no peer there: time variant 'bert' (e.g. "
+        "configs/bert_tiny.py), or train both side by side with python -m mlm_jax.side_by_side.")
   host_batches = synthetic_batches(config, num_batches)
   tokens_per_step = float(np.mean([b['attention_mask'].sum() for b in host_batches]))
 
@@ -288,10 +289,7 @@ def _ratios(ours: dict[str, Any], peer: dict[str, Any], per: int, suffix: str) -
 
 
 def _flops_per_token(model_cfg: model_lib.ModelConfig, seq_len: int, head_rows: int) -> float:
-  return flops_lib.flops_per_token(
-      num_layers=model_cfg.num_layers, hidden_size=model_cfg.hidden_size,
-      intermediate_size=model_cfg.intermediate_size, seq_len=seq_len,
-      vocab_size=model_cfg.padded_vocab_size, max_predictions=head_rows)
+  return flops_lib.model_flops_per_token(model_cfg, seq_len, head_rows)
 
 
 def _shape(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig) -> dict[str, Any]:
