@@ -33,8 +33,8 @@ def corpus_glob(tmp_path_factory) -> str:
 
 def micro_config(corpus_glob: str, data_dir: str):
   """A model small enough to compile and step in seconds on a CPU."""
-  from configs import tiny
-  config = tiny.get_config()
+  from configs import bert_tiny
+  config = bert_tiny.get_config()
   config.data.corpus = corpus_glob
   config.data.data_dir = data_dir
   config.data.seq_len = 32

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from configs import base
-from configs import tiny
+from configs import bert_tiny
 from mlm_jax import configuration as config_lib
 from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
@@ -27,7 +27,7 @@ from tests.conftest import micro_config
 
 def _odd_config():
   """Nothing square: d_ff != 4d, a vocabulary that needs padding, P not a fraction of T."""
-  config = tiny.get_config()
+  config = bert_tiny.get_config()
   config.data.seq_len = 72
   config.masking.max_predictions = 11
   config.tokenizer.vocab_size = 777
@@ -67,8 +67,8 @@ def _flops_from_param_shapes(config) -> float:
   return 6 * block_weights + 3 * (2 + 2) * t * attention_width + 6 * head_weights * p / t
 
 
-@pytest.mark.parametrize('get_config', [base.get_config, tiny.get_config, _odd_config],
-                         ids=['base', 'tiny', 'odd'])
+@pytest.mark.parametrize('get_config', [base.get_config, bert_tiny.get_config, _odd_config],
+                         ids=['base', 'bert_tiny', 'odd'])
 def test_flops_per_token_matches_the_count_from_parameter_shapes(get_config):
   config = get_config()
   m = config.model
@@ -96,9 +96,9 @@ def test_peak_of_known_chips(kind, tflops):
 
 
 def test_bench_tiny_with_hf_comparison(tmp_path):
-  """The command on configs/tiny.py: sane figures for both, the same work for both."""
+  """The command on configs/bert_tiny.py: sane figures for both, the same work for both."""
   json_out = tmp_path / 'bench.json'
-  cmd = [sys.executable, '-m', 'mlm_jax.bench', '--config=configs/tiny.py',
+  cmd = [sys.executable, '-m', 'mlm_jax.bench', '--config=configs/bert_tiny.py',
          '--config.train.batch_size=8', '--warmup=1', '--steps=3', '--repeats=2',
          '--peak_tflops=1', '--compare=hf', f'--json_out={json_out}']
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -140,7 +140,7 @@ def test_bench_with_torch_compile_peer(tmp_path):
   if hf_peer.cxx_compiler() is None:  # Asked here: it imports torch.
     pytest.skip('torch.compile on CPU builds its kernels with a C++ compiler; none on PATH')
   json_out = tmp_path / 'bench.json'
-  cmd = [sys.executable, '-m', 'mlm_jax.bench', '--config=configs/tiny.py',
+  cmd = [sys.executable, '-m', 'mlm_jax.bench', '--config=configs/bert_tiny.py',
          '--config.model.num_layers=1', '--config.train.batch_size=8',
          '--config.data.seq_len=32', '--config.masking.max_predictions=6', '--warmup=1',
          '--steps=2', '--repeats=2', '--compare=hf', '--hf_compile', f'--json_out={json_out}']

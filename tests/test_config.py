@@ -6,6 +6,7 @@ import pathlib
 import pytest
 
 from configs import base
+from configs import bert_tiny
 from configs import large
 from configs import tiny
 from mlm_jax import configuration as config_lib
@@ -14,7 +15,7 @@ from mlm_jax.training import step as step_lib
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / 'configs'
 
 
-@pytest.mark.parametrize('module', [base, large, tiny])
+@pytest.mark.parametrize('module', [base, large, tiny, bert_tiny])
 def test_shipped_configs_are_valid(module):
   config_lib.validate(module.get_config(), num_devices=8)
 

@@ -17,11 +17,11 @@ import resource, sys
 from mlm_jax.runtime import host_malloc
 print(host_malloc.tune(sys.argv[1] == "on"))
 import jax
-from configs import tiny
+from configs import bert_tiny
 from mlm_jax.perf import bench
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
-config = tiny.get_config()
+config = bert_tiny.get_config()
 mesh = sharding.make_mesh()
 batches = [sharding.to_global(b, mesh) for b in bench.synthetic_batches(config, 2)]
 built = build_lib.build(config, config.tokenizer.vocab_size, mesh)

@@ -15,7 +15,7 @@ import pytest
 from configs import base
 from configs import modern_base
 from configs import modern_large
-from configs import modern_tiny
+from configs import tiny
 from mlm_jax import configuration
 from mlm_jax import model as model_lib
 from mlm_jax.config_check import ConfigError
@@ -85,7 +85,7 @@ def test_configs_check_and_have_the_published_shapes():
         160_000.0, 10_000.0, 8192)
     assert (m.dropout_rate, m.attention_dropout_rate, m.layer_norm_eps) == (0.0, 0.0, 1e-5)
     assert config.tokenizer.vocab_size == 50368
-  configuration.validate(modern_tiny.get_config(), num_devices=1, check_paths=False)
+  configuration.validate(tiny.get_config(), num_devices=1, check_paths=False)
   assert base.get_config().model.variant == 'bert'
 
 
@@ -97,7 +97,7 @@ def test_configs_check_and_have_the_published_shapes():
     ({'hidden_size': 96, 'num_heads': 32}, 'head size must be even'),  # Head size 3.
 ])
 def test_invalid_modern_fields_are_named(fields, message):
-  model = modern_tiny.get_config().model
+  model = tiny.get_config().model
   model.update(fields)
   with pytest.raises(ConfigError, match=message):
     config_lib.check_config(model)
@@ -158,7 +158,7 @@ def test_kernels_and_remat_give_the_same_logits():
 
 
 def test_modern_trains_through_the_shared_step_on_an_fsdp_mesh():
-  config = modern_tiny.get_config()
+  config = tiny.get_config()
   config.data.seq_len, config.masking.max_predictions = T, 5
   m = config.model
   m.num_layers, m.hidden_size, m.num_heads, m.intermediate_size = 3, 64, 4, 96
@@ -179,6 +179,83 @@ def test_modern_trains_through_the_shared_step_on_an_fsdp_mesh():
     state, metrics = built.train_step(state, sharding.to_global(batch, mesh), built.dropout_rng)
     losses.append(float(metrics['loss']))
   assert np.isfinite(losses).all() and losses[-1] < losses[0] - 0.5, losses
+
+
+def test_model_flops_count_the_geglu_mlp_and_the_local_windows():
+  from flax import traverse_util
+  from mlm_jax.perf import flops
+  cfg = _cfg()  # 3 blocks; block 1 attends locally to |i - j| <= 4: 9 keys of T.
+  params = nn.unbox(model_lib.mlm_model(cfg).init(jax.random.key(0), _batch())['params'])
+  block_weights = sum(x.size for path, x in traverse_util.flatten_dict(params['encoder']).items()
+                      if path[-1] == 'kernel')
+  assert block_weights == 3 * (4 * 64 * 64 + 3 * 64 * 96)  # q, k, v, out; GeGLU in (2F) and out.
+  expected = 6 * block_weights + 12 * 64 * (T + 9 + T) + 6 * (64 * 64 + 64 * 384) * 5 / T
+  assert flops.model_flops_per_token(cfg, T, 5) == pytest.approx(expected, rel=1e-12)
+  # BERT's count is unchanged: every block sees all T keys, two MLP matrices.
+  bert = model_config(num_layers=3, hidden_size=64, num_heads=4, intermediate_size=96)
+  assert flops.model_flops_per_token(bert, T, 5) == flops.flops_per_token(
+      num_layers=3, hidden_size=64, intermediate_size=96, seq_len=T, vocab_size=384,
+      max_predictions=5)
+
+
+def test_modern_learns_what_only_context_gives():
+  """Rows of pairs (a, f(a)), f a fixed random bijection of K equally frequent symbols.
+
+  At a slot that shows [MASK] only the token beside it tells the answer:
+  copying the input gives nothing there and every symbol is as frequent as
+  another. A few hundred CPU steps take the accuracy at [MASK] slots from the
+  most frequent symbol's ~1/K to most of the way to the ceiling (a pair with
+  both halves masked cannot be solved).
+  """
+  from ml_collections import ConfigDict
+  from mlm_jax.data import masking
+  from mlm_jax.training import step as step_lib
+  k, t, b, steps = 16, 32, 32, 300
+  first = tok_lib.FIRST_NORMAL_ID
+  f = np.random.default_rng(0).permutation(k)
+  rng = np.random.default_rng(1)
+
+  def rows(n):
+    a = rng.integers(0, k, (n, (t - 2) // 2))
+    pairs = np.stack([a, f[a]], axis=-1).reshape(n, -1) + first
+    cls, sep = np.full((n, 1), tok_lib.CLS_ID), np.full((n, 1), tok_lib.SEP_ID)
+    return np.concatenate([cls, pairs, sep], axis=1).astype(np.int32)
+
+  masking_config = ConfigDict(dict(max_predictions=6, select_rate=0.15, mask_prob=0.8,
+                                   random_prob=0.1, random_source='unigram', mode='token',
+                                   span_p=0.2, span_max_length=10))
+  counts = np.zeros(first + k)
+  counts[first:] = 1
+  masker = masking.make_masker(masking_config, first + k, counts)
+
+  def batch(step, seed=0):
+    ids = rows(b)
+    out = masker(ids, seed=seed, step=step, rows=np.arange(b))
+    return {**out, 'attention_mask': np.ones_like(ids), 'segment_ids': np.zeros_like(ids)}
+
+  cfg = model_config(vocab_size=first + k, padded_vocab_size=128, variant='modern',
+                     num_layers=2, hidden_size=64, num_heads=4, intermediate_size=128,
+                     max_position_embeddings=t, global_attn_every_n_layers=2,
+                     local_attention=8, layer_norm_eps=1e-5, dropout_rate=0.0,
+                     attention_dropout_rate=0.0)
+  train = ConfigDict(dict(learning_rate=3e-3, warmup_steps=30, num_steps=steps,
+                          weight_decay=0.01, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-6,
+                          grad_clip_norm=1.0, schedule='linear', decay_fraction=0.2,
+                          decay_shape='linear'))
+  state = step_lib.create_state(model_lib.mlm_model(cfg), step_lib.make_optimizer(train),
+                                jax.random.key(0), batch(0))
+  train_step = jax.jit(step_lib.make_train_step(step_lib.learning_rate_schedule(train),
+                                                baseline_token=first))
+  for s in range(steps):
+    state, _ = train_step(state, batch(s), jax.random.key(1))
+  eval_step = jax.jit(step_lib.make_eval_step(baseline_token=first))
+  sums = {}
+  for s in range(8):
+    for name, v in jax.device_get(eval_step(state, batch(s, seed=99))).items():
+      sums[name] = sums.get(name, 0.0) + float(v)
+  got = step_lib.slot_metrics(sums)
+  assert got['mask_baseline_accuracy'] < 0.15, got
+  assert got['mask_accuracy'] > 0.6 and got['context_ratio'] > 5, got
 
 
 # ------------------------------------------------------- Hugging Face parity
@@ -224,6 +301,30 @@ def _hf_model(transformers, seed: int = 0):
     for name, p in model.named_parameters():
       p.copy_(torch.randn_like(p) * 0.1 + (1.0 if 'norm' in name else 0.0))
   return model
+
+
+def test_fresh_parameters_are_drawn_as_hugging_face_draws_them():
+  """Every tensor of a fresh model: HF's distribution (truncated normal, std by role; norms 1)."""
+  _transformers()  # Skips without the interop extra.
+  from mlm_jax.interop import layout
+  from mlm_jax.interop import modernbert
+  from mlm_jax.interop import torch_mlm
+  from ml_collections import ConfigDict
+  cfg = _cfg(hidden_size=128, intermediate_size=192, padded_vocab_size=V)
+  config = ConfigDict({'seed': 0, 'train': dict(learning_rate=1e-3, adam_b1=0.9, adam_b2=0.98,
+                                                 adam_eps=1e-6, weight_decay=0.01,
+                                                 grad_clip_norm=1.0)})
+  theirs = {n: p.detach().numpy() for n, p in
+            torch_mlm.TorchMLM(config, cfg).eager_model.state_dict().items()}
+  ours = nn.unbox(model_lib.mlm_model(cfg).init(jax.random.key(0), _batch())['params'])
+  for tensor in modernbert.layout(cfg):
+    a, b = np.asarray(layout.get_path(ours, tensor.path)), theirs[tensor.hf_name]
+    assert a.size == b.size, tensor.hf_name
+    # Truncated at two standard deviations in both: the same bound, the same spread.
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    assert np.abs(a).max() == pytest.approx(np.abs(b).max(), rel=0.02, abs=1e-6), tensor.hf_name
+    assert a.std() == pytest.approx(b.std(), rel=0.05, abs=1e-6), tensor.hf_name
+    assert a.mean() == pytest.approx(b.mean(), abs=0.1 * max(b.std(), 1e-3)), tensor.hf_name
 
 
 def test_imported_hf_model_gives_hf_logits(tmp_path):

@@ -159,7 +159,7 @@ def test_asking_for_cudnn_with_attention_dropout_is_refused(tmp_path):
 
 def test_oversized_batch_is_refused_with_suggestions_that_fit(tmp_path):
   _require_compilers('h100')
-  args = ('--config=configs/tiny.py', '--target=h100', '--config.train.batch_size=262144')
+  args = ('--config=configs/bert_tiny.py', '--target=h100', '--config.train.batch_size=262144')
   code, output, r = _preflight(*args, tmp_path=tmp_path)
   assert code == 1 and not r['ok'] and not r['train']['fits'], output[-3000:]
   assert 'FAILED: the train step does not fit' in output
@@ -182,9 +182,9 @@ def test_the_tpu_compilers_refusal_is_read_as_memory():
 
 def test_fsdp_splits_the_state_over_the_devices():
   _require_compilers('v4-32')
-  from configs import tiny
+  from configs import bert_tiny
   from mlm_jax.perf import preflight
-  config = tiny.get_config()
+  config = bert_tiny.get_config()
   check = preflight.Preflight(config, targets.parse('v4-32'))
   replicated = check.compile({'mesh.fsdp': 1, 'train.batch_size': 8192})
   sharded = check.compile({'mesh.fsdp': 16, 'train.batch_size': 8192})

@@ -1,7 +1,7 @@
 """glibc malloc settings that keep XLA:CPU's per-step buffers in memory.
 
 XLA:CPU allocates the temporary buffer of each execution (128 MB for the
-train step of configs/tiny.py) with malloc and frees it when the step ends.
+train step of configs/bert_tiny.py) with malloc and frees it when the step ends.
 glibc serves an allocation that large with a fresh `mmap` and gives it back
 with `munmap`, so every step the kernel maps the pages again and the step's
 first write to each of them faults: ~31,000 page faults and ~65 ms of kernel
@@ -10,7 +10,7 @@ time per tiny step on a 2-core machine, a quarter of its CPU time.
 `tune()` asks glibc to serve every thread from the one main arena, never to
 use `mmap` for an allocation and never to trim the heap, so a buffer freed at
 the end of one step is the buffer of the next and its pages stay mapped.
-Measured on 2 cores (configs/tiny.py, docs/benchmarks.md): 0 page faults
+Measured on 2 cores (configs/bert_tiny.py, docs/benchmarks.md): 0 page faults
 instead of 31,000 per step and a step about 10-25% shorter. The settings
 must be made before a second thread first calls malloc (glibc fixes the
 number of arenas then), so the command-line entry points call `tune()`
