@@ -2,7 +2,8 @@
 
 Times the jitted train step of a config and prints the median step time,
 tokens/s, MFU, compile time and peak memory; --compare=hf times Hugging
-Face's BertForMaskedLM on the same batches in the same process, with
+Face's model of the same architecture (BertForMaskedLM or
+ModernBertForMaskedLM) on the same batches in the same process, with
 --hf_compile both eager and under torch.compile; --json_out keeps every
 figure and the host they were measured on. Any config field can be
 overridden, e.g. --config.train.batch_size=8. See mlm_jax/perf/bench.py and docs/benchmarks.md.
@@ -29,7 +30,8 @@ _PEAK_TFLOPS = flags.DEFINE_float(
     'peak_tflops', 0.0, 'Peak TFLOP/s of one device for MFU (0: config.profile.peak_tflops, '
     'else the chip table in mlm_jax/perf/hardware.py; an unknown chip, e.g. a CPU, gets no MFU).')
 _COMPARE = flags.DEFINE_enum('compare', '', ['', 'hf'],
-                             "'hf': also time Hugging Face's BertForMaskedLM (PyTorch).")
+                             "'hf': also time Hugging Face's model of the same architecture "
+                             '(BertForMaskedLM or ModernBertForMaskedLM, PyTorch).')
 _HF_COMPILE = flags.DEFINE_bool(
     'hf_compile', False, 'With --compare=hf: time HF both eager and under torch.compile (its '
     'compile time apart; a failure, e.g. no C++ compiler on CPU, is noted, not fatal).')

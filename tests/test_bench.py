@@ -197,10 +197,20 @@ def test_without_a_known_peak_mfu_is_na():
   assert 'MFU' in bench.format_report(result) and 'n/a' in bench.format_report(result)
   with pytest.raises(config_lib.ConfigError, match='--steps=0'):
     bench.run_benchmark(config, steps=0)
-  # The HF peer is a BertForMaskedLM: a ModernBERT config is refused before anything compiles.
-  config.model.variant = 'modern'
-  with pytest.raises(config_lib.ConfigError, match="variant='modern'"):
-    bench.run_benchmark(config, compare='hf')
+
+
+def test_a_modernbert_config_is_timed_against_modernbert():
+  pytest.importorskip('transformers')
+  config = micro_config('', '')
+  config.model.num_layers, config.model.variant, config.model.layer_norm_eps = 2, 'modern', 1e-5
+  config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+  result = bench.run_benchmark(config, warmup=1, steps=1, repeats=1, num_batches=1, compare='hf')
+  ours, hf = result['ours'], result['hf']
+  assert hf['num_params'] == ours['num_params']
+  assert hf['masked_tokens_per_step'] == ours['masked_tokens_per_step']
+  # Its head, like ours, runs on the masked tokens only.
+  assert hf['flops_per_token_as_computed'] == result['flops_per_token']
+  assert 'ModernBertForMaskedLM' in bench.format_report(result)
 
 
 def test_synthetic_rows_are_full_and_masked_by_the_masker():

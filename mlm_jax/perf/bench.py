@@ -12,8 +12,10 @@ cycled; the state is donated as in the trainer.
 
 With --compare=hf the same model shape (layers, widths, padded vocabulary),
 batch, masked positions and optimizer (AdamW, same hyper-parameters, clipping
-and weight-decay mask) run through Hugging Face's `BertForMaskedLM` in PyTorch
-in the same process: float32 eager on CPU; on a GPU bf16 autocast (when our
+and weight-decay mask) run through Hugging Face's model of the same
+architecture in PyTorch (`BertForMaskedLM` for variant 'bert',
+`ModernBertForMaskedLM` for 'modern'; interop/torch_mlm.py) in the same
+process: float32 eager on CPU; on a GPU bf16 autocast (when our
 compute dtype is bf16), SDPA attention and `torch.compile`. With --hf_compile
 HF runs twice, eager and under `torch.compile`, on either device; if
 torch.compile cannot run, a one-line note says why and the rest stands.
@@ -49,10 +51,16 @@ from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
 from mlm_jax.training import step as step_lib
 
-_HF_HEAD_NOTE = ('HF computes its MLM head (dense + LayerNorm + vocabulary projection) on all '
-                 'T positions of a row, ours on the P gathered masked slots only: that is '
-                 "HF's design and part of this comparison. MFU counts the same model FLOPs "
-                 '(head on P slots) for both.')
+# What HF's head computes, by variant: BertForMaskedLM's runs on all T positions,
+# ModernBertForMaskedLM's (sparse_prediction) on the masked tokens only.
+_HF_HEAD_NOTE = {
+    'bert': ('HF computes its MLM head (dense + LayerNorm + vocabulary projection) on all T '
+             'positions of a row, ours on the P gathered masked slots only: that is '
+             "HF's design and part of this comparison. MFU counts the same model FLOPs "
+             '(head on P slots) for both.'),
+    'modern': ('HF computes its MLM head on the masked tokens only (sparse_prediction), as '
+               'ours does on the P gathered slots.'),
+}
 
 
 # ------------------------------------------------------------------ batches
@@ -214,12 +222,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
   if config.sentence_pair.task != 'none':
     raise config_lib.ConfigError(
         f'config.sentence_pair.task={config.sentence_pair.task!r}: the benchmark times the MLM '
-        "objective only (as Hugging Face's BertForMaskedLM); leave it 'none'.")
-  if compare == 'hf' and config.model.variant != 'bert':
-    raise config_lib.ConfigError(
-        f"--compare=hf times Hugging Face's BertForMaskedLM; config.model.variant="
-        f"{config.model.variant!r} has no peer there: time variant 'bert' (e.g. "
-        "configs/bert_tiny.py), or train both side by side with python -m mlm_jax.side_by_side.")
+        "objective only (as Hugging Face's ...ForMaskedLM); leave it 'none'.")
   host_batches = synthetic_batches(config, num_batches)
   tokens_per_step = float(np.mean([b['attention_mask'].sum() for b in host_batches]))
 
@@ -264,10 +267,11 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
     same_chip = (peer.timed.info['device'] == 'cuda') == (backend == 'gpu')
     summary = _summarise(peer.timed, tokens_per_step, flops_per_token,
                          peak if same_chip else None, 1)
-    # What HF's step computes: its head runs on all T positions (P = T).
+    # What HF's step computes: BERT's head runs on all T positions (P = T).
     summary['flops_per_token_as_computed'] = _flops_per_token(
-        model_cfg, config.data.seq_len, config.data.seq_len)
-    summary['note'] = _HF_HEAD_NOTE
+        model_cfg, config.data.seq_len,
+        config.data.seq_len if model_cfg.variant == 'bert' else config.masking.max_predictions)
+    summary['note'] = _HF_HEAD_NOTE[model_cfg.variant]
     result[key] = summary
     result.update(_ratios(result['ours'], summary, physical_devices, PEERS[key]))
   if peers:

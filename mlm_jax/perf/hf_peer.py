@@ -1,4 +1,4 @@
-"""Hugging Face's BertForMaskedLM in PyTorch as the benchmark's peer (`--compare=hf`).
+"""The benchmark's peer (`--compare=hf`): Hugging Face's model of the same architecture.
 
 interop/torch_mlm.py's model: the same shape (layers, widths, padded
 vocabulary), batches, masked positions and optimizer (AdamW, same
@@ -54,7 +54,7 @@ def cxx_compiler() -> str | None:
 
 
 class TorchRunner:
-  """Hugging Face BertForMaskedLM + torch AdamW on the same shapes, batches and masks."""
+  """Hugging Face's masked LM + torch AdamW on the same shapes, batches and masks."""
 
   def __init__(self, config: ml_collections.ConfigDict, model_cfg, host_batches,
                lr_per_step: np.ndarray, use_gpu: bool, compiled: bool):
