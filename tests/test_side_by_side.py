@@ -57,7 +57,13 @@ def test_both_systems_train_and_score_the_same_masked_tokens(prepared, tmp_path,
                       lambda *a, **k: pytest.fail('ours retrained'))
   again = side_by_side.run(config, str(tmp_path), seeds=[0])
   assert again['seeds'] == result['seeds']
-  assert json.load(open(os.path.join(tmp_path, 'seed0', 'hf.json')))['num_steps'] == 6
+  # Another config in the same workdir is refused, and what is there stays.
+  kept = json.load(open(os.path.join(tmp_path, 'seed0', 'hf.json')))
+  assert kept['config']['train']['num_steps'] == 6
+  config.train.learning_rate *= 2
+  with pytest.raises(configuration.ConfigError, match='another config'):
+    side_by_side.run(config, str(tmp_path), seeds=[0])
+  assert json.load(open(os.path.join(tmp_path, 'seed0', 'hf.json'))) == kept
 
 
 class _Oracle:

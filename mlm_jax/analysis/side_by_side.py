@@ -82,6 +82,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, seeds: Sequence[int],
 
 def _ours(config: ml_collections.ConfigDict, seed_dir: str) -> dict[str, Any]:
   """Our run's final evaluation: from its summary.json if it finished, else trained now."""
+  saved = os.path.join(seed_dir, 'config.json')
+  if os.path.exists(saved):
+    with open(saved) as f:
+      _check_same_config(json.load(f), config, saved)
   path = os.path.join(seed_dir, 'summary.json')
   if os.path.exists(path):
     with open(path) as f:
@@ -89,6 +93,20 @@ def _ours(config: ml_collections.ConfigDict, seed_dir: str) -> dict[str, Any]:
     if done.get('final_eval_step') == config.train.num_steps and 'eval_mask_accuracy' in done:
       return _ours_figures(done)
   return _ours_figures(loop.train_and_evaluate(config, seed_dir))
+
+
+def _as_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  return json.loads(json.dumps(config.to_dict()))
+
+
+def _check_same_config(saved: dict[str, Any], config: ml_collections.ConfigDict,
+                       path: str) -> None:
+  """ConfigError if a kept result was made with another config: it is kept, not reused."""
+  saved = {k: v for k, v in saved.items() if k != 'resolved'}
+  if saved != _as_json(config):
+    raise configuration.ConfigError(
+        f'{path} holds a run of another config; give side_by_side a new --workdir (the '
+        'results there are left as they are).')
 
 
 def _ours_figures(summary: dict[str, Any]) -> dict[str, Any]:
@@ -99,16 +117,16 @@ def _ours_figures(summary: dict[str, Any]) -> dict[str, Any]:
 
 def _cached(path: str, config: ml_collections.ConfigDict,
             compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-  """compute(), kept in `path`; a kept result of the same steps is read back instead."""
+  """compute(), kept in `path` with the config; a kept result of the same config is read back."""
   if os.path.exists(path):
     with open(path) as f:
       done = json.load(f)
-    if done.get('num_steps') == config.train.num_steps:
-      return done['figures']
+    _check_same_config(done['config'], config, path)
+    return done['figures']
   figures = compute()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, 'w') as f:
-    json.dump({'num_steps': config.train.num_steps, 'figures': figures}, f, indent=2)
+    json.dump({'config': _as_json(config), 'figures': figures}, f, indent=2)
   return figures
 
 
