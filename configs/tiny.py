@@ -1,4 +1,4 @@
-"""The CPU quick start: a small ModernBERT on the default corpus, ~10 minutes on 2 cores.
+"""The CPU quick start: a small ModernBERT on the default corpus, ~8 minutes on 2 cores.
 
 The same data, tokenizer, depth, width, heads, batch and schedule as
 bert_tiny.py, so the two variants compare run for run. Chosen by measurement
