@@ -178,10 +178,11 @@ def evaluate_hf(model: torch_mlm.TorchMLM, data: prepare.PreparedData, masker: m
     at[r, batch['masked_positions'][r, p]] = batch['masked_ids'][r, p]
     kind[r, batch['masked_positions'][r, p]] = batch['masked_kinds'][r, p]
     target, kind = at[rows, positions], kind[rows, positions]
-    _add_sums(sums, '', predicted == target, loss, target == baseline)
+    correct, hit = predicted == target, target == baseline
+    _add_sums(sums, '', correct, loss, hit)
     for i, name in enumerate(masking.SLOT_KINDS, start=1):
       sel = kind == i
-      _add_sums(sums, f'{name}_', (predicted == target)[sel], loss[sel], (target == baseline)[sel])
+      _add_sums(sums, f'{name}_', correct[sel], loss[sel], hit[sel])
   denom = max(sums['weight_sum'], 1.0)
   return {'loss': sums['loss_sum'] / denom, 'mlm_accuracy': sums['correct_sum'] / denom,
           **step_lib.slot_metrics(sums)}
