@@ -25,8 +25,13 @@ DOCS = [re.sub(r'\n\s*\n', '\n', d) for d, _ in zip(corpus.stdlib_docstrings(), 
 
 
 def _rows(data: prepare.PreparedData, split: str) -> np.ndarray:
-  source = data.source(split)
-  return np.stack([source[i]['input_ids'] for i in range(len(source))])
+  """A split's rows, checked equal in both layouts (.npy shards and tfds records)."""
+  dense = data.source(split)
+  rows = dense.read(np.arange(len(dense)))
+  records = tfds.builder_from_directory(data.rows_dir).as_data_source(split)
+  np.testing.assert_array_equal(
+      rows, np.stack([records[i]['input_ids'] for i in range(len(records))]))
+  return rows
 
 
 def _in_rows(data: prepare.PreparedData, document: str) -> bool:
@@ -242,8 +247,9 @@ def test_interrupted_prepare_resumes_to_the_same_dataset_for_any_worker_count(
   assert (work['units'], work['units_reused'], work['shards_reused']) == (8, 8, 1)
   assert work['shards'] > 3
   assert not os.path.exists(partial)
-  assert sorted(os.listdir(data_dir)) == ['fingerprint.json', 'report.json', 'stats.json',
-                                          'tfds', 'tokenizer.model', 'unigram_counts.npy']
+  assert sorted(os.listdir(data_dir)) == ['fingerprint.json', 'report.json', 'rows',
+                                          'stats.json', 'tfds', 'tokenizer.model',
+                                          'unigram_counts.npy']
   # Clean prepares elsewhere: 2 workers with the same units, 1 worker with one unit.
   clean = prepare.prepare(_config(spec, tmp_path / 'clean2', workers=2))
   _assert_same_data(resumed, clean)

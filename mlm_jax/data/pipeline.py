@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import grain
-import grain.experimental as grain_experimental
 import ml_collections
 import numpy as np
 from absl import flags
@@ -33,7 +32,9 @@ from tensorflow_datasets.proto import tf_example_pb2
 
 from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
+from mlm_jax.data import index_shuffle
 from mlm_jax.data import masking
+from mlm_jax.data import packing
 from mlm_jax.data import sentence_pairs
 
 # Rows read and masked per call in a worker (rounded to whole steps).
@@ -43,17 +44,19 @@ CHUNK_ROWS = 1024
 class RowReader:
   """Reads rows by index: `reader(indices: [n]) -> input_ids [n, T] int32`; index -1: [PAD]s.
 
-  For the prepared tfds array_record source it reads the records in one call
-  and parses the tf.Example protos itself, ~3x faster than tfds's generic
-  per-feature decoding; any other source (anything with `source[i]['input_ids']`)
-  is read row by row.
+  The prepared .npy shards (packing.DenseRows) are read as arrays. A tfds
+  array_record source of the same layout (data prepared before those shards
+  existed) is read in one call per batch with the tf.Example protos parsed
+  here, ~3x faster than tfds's generic per-feature decoding; any other source
+  (anything with `source[i]['input_ids']`) is read row by row.
   """
 
   def __init__(self, source: Any):
     self.source = source
     first = np.asarray(source[0]['input_ids'], np.int32)
     self.seq_len = len(first)
-    self._raw = self._raw_records(source)
+    self._dense = source if isinstance(source, packing.DenseRows) else None
+    self._raw = None if self._dense is not None else self._raw_records(source)
     if self._raw is not None and not np.array_equal(self._parse(self._raw.__getitems__([0])),
                                                      first[None]):
       self._raw = None  # Not the layout we know: use the source's own decoding.
@@ -78,9 +81,12 @@ class RowReader:
     indices = np.asarray(indices)
     out = np.zeros((len(indices), self.seq_len), np.int32)
     real = indices >= 0
-    keys = [int(i) for i in indices[real]]
-    if not keys:
+    if not real.any():
       return out
+    if self._dense is not None:
+      out[real] = self._dense.read(indices[real])
+      return out
+    keys = [int(i) for i in indices[real]]
     if self._raw is not None:
       out[real] = self._parse(self._raw.__getitems__(keys))
     else:
@@ -123,14 +129,17 @@ def stream_to_source(rows: np.ndarray, num_rows: int, seed: int) -> np.ndarray:
   """Global stream positions [n] -> source row indices [n]: a new permutation every epoch.
 
   Position r is row index_shuffle(r mod N) of epoch r // N, with grain's
-  bijective index_shuffle seeded by seed + epoch: what grain's
-  MapDataset.range(N).repeat().shuffle(seed) gives, called directly per row
-  (the dataset machinery around it costs ~3x the shuffle itself).
+  bijective index_shuffle (the permutation behind grain's own shuffle) seeded
+  by seed + epoch, computed for all rows of an epoch at once
+  (data/index_shuffle.py, bit for bit grain's).
   """
-  epochs, within = np.divmod(rows, num_rows)
-  return np.array([grain_experimental.index_shuffle(int(i), max_index=num_rows - 1,
-                                                    seed=int((seed + e) % 2**32), rounds=4)
-                   for e, i in zip(epochs, within)], np.int64)
+  epochs, within = np.divmod(np.asarray(rows, np.int64), num_rows)
+  out = np.empty_like(within)
+  for e in np.unique(epochs):
+    here = epochs == e
+    out[here] = index_shuffle.index_shuffle(within[here], num_rows - 1,
+                                            seed=int((seed + e) % 2**32), rounds=4)
+  return out
 
 
 def _split_chunks(chunks: Iterator[dict[str, np.ndarray]],

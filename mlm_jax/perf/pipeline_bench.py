@@ -4,7 +4,8 @@ Times the host input pipeline alone, as the trainer runs it for one process:
 prepared rows -> grain (shuffle, batch, config.input's worker processes and
 prefetch) -> sentence pairs (if configured) -> masking. No model, no devices.
 Prints tokens/s (rows x T per second, padding included, as the trainer counts
-them): the median of several timed windows after a warm-up. Any config field
+them): the median of several timed windows after a warm-up, and the peak
+resident memory of this process and of its largest worker process. Any config field
 can be overridden, e.g. --config.input.worker_count=2 or
 --config.masking.mode=span. The data is prepared first if needed, exactly as
 the trainer prepares it.
@@ -12,6 +13,8 @@ the trainer prepares it.
 
 from __future__ import annotations
 
+import platform
+import resource
 import statistics
 import time
 from typing import Any
@@ -53,7 +56,11 @@ def measure(config: ml_collections.ConfigDict, *, warmup_s: float, window_s: flo
     run(warmup_s)
     windows = [run(window_s) for _ in range(repeats)]
   finally:
-    batches.close()
+    batches.close()  # Joins the worker processes: their peak is known after this.
+  # ru_maxrss is in KiB on Linux (bytes on macOS).
+  unit = 1 if platform.system() == 'Darwin' else 1024
+  peak_main = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit
+  peak_worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * unit
   return {
       'tokens_per_sec': statistics.median(windows),
       'windows_tokens_per_sec': windows,
@@ -65,6 +72,10 @@ def measure(config: ml_collections.ConfigDict, *, warmup_s: float, window_s: flo
       'sentence_pair': config.sentence_pair.task,
       'worker_count': config.input.worker_count,
       'prefetch': config.input.prefetch,
+      'peak_rss_bytes': peak_main,
+      # The largest child of this process: a grain worker (or a prepare worker
+      # if the data was prepared in this run).
+      'peak_worker_rss_bytes': peak_worker if config.input.worker_count else None,
   }
 
 
@@ -75,5 +86,8 @@ def format_report(r: dict[str, Any]) -> str:
       f"workers={r['worker_count']}, prefetch={r['prefetch']}",
       f"first batch after {r['first_batch_s']:.2f} s; windows (tokens/s): "
       + ', '.join(f'{w:,.0f}' for w in r['windows_tokens_per_sec']),
+      f"peak resident memory: {r['peak_rss_bytes'] / 2**30:.2f} GiB this process"
+      + (f", {r['peak_worker_rss_bytes'] / 2**30:.2f} GiB the largest worker"
+         if r['peak_worker_rss_bytes'] is not None else ''),
       f"tokens/s per process (median of {len(r['windows_tokens_per_sec'])} windows): "
       f"{r['tokens_per_sec']:,.0f}"])
