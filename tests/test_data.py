@@ -236,3 +236,11 @@ def test_sentences_sentencepiece_would_skip_are_counted():
   sample, info = tok.sample_lines(['kept', 'a \u2047 b'], 10, seed=0)
   assert sample == ['kept']
   assert (info['reserved_sentences'], info['reserved_bytes']) == (1, len('a \u2047 b'.encode()))
+
+
+def test_rows_serialize_to_the_bytes_of_tfds_feature_encoding():
+  spec = packing.features(16)
+  rng = np.random.default_rng(0)
+  for row in [np.zeros(16, np.int32), rng.integers(0, 2**31 - 1, 16).astype(np.int32),
+              rng.integers(0, 300, 16).astype(np.int32)]:
+    assert packing.serialize_row(row) == spec.serialize_example({'input_ids': row})

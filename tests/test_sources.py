@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -15,10 +16,12 @@ import tensorflow_datasets as tfds
 
 from mlm_jax import configuration as config_lib
 from mlm_jax.data import corpus
+from mlm_jax.data import packing
 from mlm_jax.data import prepare
 from mlm_jax.data import tokenizer as tok
 from tests.conftest import REPO
 from tests.conftest import micro_config
+from tests.conftest import write_config_file
 
 # Real prose, one paragraph each (a blank line would split a document of a .txt file).
 DOCS = [re.sub(r'\n\s*\n', '\n', d) for d, _ in zip(corpus.stdlib_docstrings(), range(400))]
@@ -48,7 +51,17 @@ def _in_rows(data: prepare.PreparedData, document: str) -> bool:
 
 
 def _assert_same_data(a: prepare.PreparedData, b: prepare.PreparedData) -> None:
+  """The same tokenizer and rows; byte for byte when both have the same number of shards."""
   assert a.tokenizer.spec()['pieces'] == b.tokenizer.spec()['pieces']
+  files = {}
+  for data in (a, b):
+    root = pathlib.Path(data.data_dir)
+    files[data.data_dir] = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob('*')
+                            if p.is_file() and (p.name == 'tokenizer.model'
+                                                or 'array_record' in p.name
+                                                or p.parent.name == packing.DENSE_DIR)}
+  if files[a.data_dir].keys() == files[b.data_dir].keys():
+    assert files[a.data_dir] == files[b.data_dir]
   for split in ('train', 'validation'):
     np.testing.assert_array_equal(_rows(a, split), _rows(b, split))  # Same rows, same order.
   np.testing.assert_array_equal(a.unigram_counts, b.unigram_counts)
@@ -194,7 +207,8 @@ def _prepare_in_subprocess(config_code: str, patch: str = '') -> subprocess.Comp
           'import os, signal\n'
           'from mlm_jax.data import corpus, packing, prepare, tokenizer\n'
           'from tests.conftest import micro_config\n'
-          'corpus.UNIT_BYTES = 1  # One unit per file.\n'
+          'corpus.UNIT_BYTES = 1  # One unit per file,\n'
+          'corpus._cuts = lambda *args: []  # none cut into byte ranges.\n'
           'prepare.SHARD_BYTES = 4 * 32 * 40  # 40 rows per shard.\n'
           f'{patch}\n'
           'if __name__ == "__main__":\n'
@@ -241,6 +255,7 @@ def test_interrupted_prepare_resumes_to_the_same_dataset_for_any_worker_count(
   assert not os.path.exists(data_dir)
   # Run 3, here: finishes from what runs 1 and 2 left.
   monkeypatch.setattr(corpus, 'UNIT_BYTES', 1)
+  monkeypatch.setattr(corpus, '_cuts', lambda *args: [])
   monkeypatch.setattr(prepare, 'SHARD_BYTES', 4 * 32 * 40)
   resumed = prepare.prepare(_config(spec, data_dir, workers=2))
   work = resumed.report['work']
@@ -351,3 +366,104 @@ def test_a_registered_tfds_dataset_mocked_without_tensorflow(tmp_path, monkeypat
   assert data.unigram_counts.sum() == stats['train']['tokens'] > 0
   assert data.report['inputs']['counts']['files_used'] == 0
   assert data.report['work']['workers'] == 2 and data.report['work']['units'] == 3
+
+
+def _all_pieces(c: corpus.Corpus) -> tuple[list[tuple[bool, str]], corpus.Tally]:
+  tally = corpus.Tally()
+  return [p for unit in c.units for p in c.pieces(unit, tally)], tally
+
+
+@pytest.mark.parametrize('name', ['big.txt', 'big.jsonl'])
+def test_a_big_file_is_cut_into_byte_ranges_that_read_as_the_whole(tmp_path, monkeypatch, name):
+  # Paragraphs separated by blank lines holding spaces, tabs and CRLF, invalid
+  # UTF-8, multi-byte characters and lines longer than a piece.
+  monkeypatch.setattr(corpus, 'PIECE_CHARS', 256)
+  rng = np.random.default_rng(0)
+  path = tmp_path / name
+  with open(path, 'wb') as f:
+    for i, doc in enumerate(DOCS[:200]):
+      text = doc.replace('\n', ' ') + (' é ü' * int(rng.integers(0, 200)))
+      if name.endswith('.jsonl'):
+        f.write(json.dumps({'text': text}).encode() + b'\n')
+        continue
+      f.write(text.encode() + (b'\xff\xfe' if i % 17 == 0 else b''))
+      f.write([b'\n\n', b'\n \t\n\n', b'\r\n\r\n', b'\n   \n'][i % 4])
+  size = path.stat().st_size
+  config = _config(str(path), tmp_path / 'x')
+  whole = corpus.resolve(config.data)
+  assert [u.byte_range for u in whole.units] == [None]
+  monkeypatch.setattr(corpus, 'UNIT_BYTES', 4096)
+  cut = corpus.resolve(config.data)
+  ranges = [u.byte_range for u in cut.units]
+  assert len(ranges) > 10 and ranges[0][0] == 0 and ranges[-1][1] == size
+  assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))   # A partition of the file.
+  with open(path, 'rb') as f:
+    data = f.read()
+  for _, stop in ranges[:-1]:                                     # Each cut follows a boundary.
+    assert data[stop - 1:stop] == b'\n'
+    if name.endswith('.txt'):
+      assert re.search(rb'\n[ \t\r\f\v]*\n$', data[:stop])
+  whole_pieces, whole_tally = _all_pieces(whole)
+  cut_pieces, cut_tally = _all_pieces(cut)
+  assert cut_pieces == whole_pieces
+  counts = whole_tally.counts
+  assert counts['files_used'] == cut_tally.counts['files_used'] == 1
+  assert counts['invalid_utf8_bytes'] == cut_tally.counts['invalid_utf8_bytes']
+  assert counts['long_documents'] == cut_tally.counts['long_documents'] > 0
+
+
+def test_a_big_file_prepares_to_the_same_rows_in_ranges_and_whole(tmp_path, monkeypatch):
+  path = tmp_path / 'one.txt'
+  path.write_text('\n\n'.join(DOCS))
+  monkeypatch.setattr(corpus, 'UNIT_BYTES', 1 << 30)
+  whole = prepare.prepare(_config(str(path), tmp_path / 'whole', workers=1))
+  assert whole.report['work']['units'] == 1
+  monkeypatch.setattr(corpus, 'UNIT_BYTES', 16 << 10)
+  ranges = prepare.prepare(_config(str(path), tmp_path / 'ranges', workers=2))
+  assert ranges.report['work']['units'] > 5
+  _assert_same_data(whole, ranges)
+
+
+def test_a_file_with_no_newline_stays_one_range_read_in_pieces(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, 'UNIT_BYTES', 1 << 16)
+  path = tmp_path / 'flat.txt'
+  path.write_bytes(b'lorem ipsum dolor sit amet ' * 40_000)   # 1 MiB, no line end.
+  c = corpus.resolve(_config(str(path), tmp_path / 'x').data)
+  assert [u.byte_range for u in c.units] == [None]             # No boundary to cut at.
+  pieces, tally = _all_pieces(c)
+  assert [first for first, _ in pieces].count(True) == 1
+  assert max(len(p) for _, p in pieces) <= corpus.PIECE_CHARS
+  assert tally.counts['long_documents'] == 1
+
+
+def test_a_capped_tokenizer_sample_is_the_same_for_any_worker_count(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, 'UNIT_BYTES', 16 << 10)    # One file in byte ranges.
+  (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS))
+  prepared = []
+  for workers in (1, 2):
+    config = _config(str(tmp_path / 'a.txt'), tmp_path / f'w{workers}', workers=workers)
+    config.tokenizer.max_sentences = 500
+    prepared.append(prepare.prepare(config))
+  one, two = prepared
+  assert one.report['work']['units'] > 5 and two.report['work']['workers'] == 2
+  info = one.report['tokenizer']
+  assert info['sentences_sampled'] == 500 < info['sentences_seen']
+  assert info == two.report['tokenizer']
+  _assert_same_data(one, two)
+
+
+def test_the_prepare_command_prepares_once_and_reports(tmp_path):
+  (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS[:200]))
+  data_dir = tmp_path / 'data'
+  config_file = write_config_file(tmp_path / 'c.py', str(tmp_path / 'a.txt'), str(data_dir),
+                                  other={'data.num_workers': 2})
+  cmd = [sys.executable, '-m', 'mlm_jax.prepare', f'--config={config_file}']
+  first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert first.returncode == 0, first.stderr[-2000:]
+  assert 'Prepared ' in first.stdout and f'Data dir: {data_dir}' in first.stdout
+  assert (data_dir / 'fingerprint.json').exists() and (data_dir / packing.DENSE_DIR).is_dir()
+  again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert again.returncode == 0 and 'Prepared ' not in again.stdout   # Reused, not redone.
+  bad = subprocess.run(cmd + ['--config.data.num_workers=-1'], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+  assert bad.returncode == 2 and 'num_workers' in bad.stderr

@@ -20,6 +20,15 @@ a document cut into pieces) is counted in a `Tally`, which prepare reports.
 
 Reading streams: a document comes out as pieces of at most PIECE_CHARS
 characters cut at whitespace, so a 100 MB line never sits in memory whole.
+
+Units of work: small files are grouped to about UNIT_BYTES; a larger
+uncompressed file is cut into byte ranges of about UNIT_BYTES, each cut moved
+forward to the next document boundary (a blank line for 'blank_line', a line
+end for .jsonl) within the following UNIT_BYTES, so that all workers share
+one big file. A range starts on a fresh line after a boundary, so reading the
+ranges one after another gives exactly the documents, pieces and text of
+reading the file whole. A stretch with no boundary (a document longer than
+UNIT_BYTES, a file with no newline) stays in one range.
 """
 
 from __future__ import annotations
@@ -33,7 +42,9 @@ import gzip
 import hashlib
 import io
 import json
+import mmap
 import os
+import re
 import sys
 import sysconfig
 import zlib
@@ -134,10 +145,18 @@ class Tally:
 
 @dataclasses.dataclass(frozen=True)
 class Unit:
-  """A slice of the corpus that one worker reads: some files or a range of records."""
+  """A slice of the corpus that one worker reads: files, a byte range of one file, or records.
+
+  files with start = stop = 0: those files whole. One file with stop > 0: its
+  bytes [start, stop). A tfds corpus (no files): records [start, stop).
+  """
   files: tuple[str, ...] = ()
-  start: int = 0  # tfds record range [start, stop)
+  start: int = 0
   stop: int = 0
+
+  @property
+  def byte_range(self) -> tuple[int, int] | None:
+    return (self.start, self.stop) if self.files and self.stop else None
 
 
 @dataclasses.dataclass
@@ -160,7 +179,8 @@ class Corpus:
           yield True, doc
     elif self.kind == 'files':
       for path in unit.files:
-        yield from _file_pieces(path, self.document_split, self.text_key, tally)
+        yield from _file_pieces(path, self.document_split, self.text_key, tally,
+                                unit.byte_range)
     else:
       yield from _tfds_pieces(self.tfds_source, unit, self.name, self.text_key, tally)
 
@@ -238,10 +258,19 @@ def resolve_files(corpus: str) -> tuple[list[str], Tally]:
   return files, tally
 
 
-def _group(files: list[str], sizes: list[int], unit_bytes: int) -> list[Unit]:
-  """Consecutive files in units of about `unit_bytes` (a bigger file is a unit alone)."""
+def _group(files: list[str], sizes: list[int], unit_bytes: int,
+           document_split: str = 'file') -> list[Unit]:
+  """Consecutive files in units of about `unit_bytes`; a bigger file cut into byte ranges."""
   units, current, size = [], [], 0
   for path, n in zip(files, sizes):
+    cuts = _cuts(path, n, unit_bytes, document_split) if n > unit_bytes else []
+    if cuts:
+      if current:
+        units.append(Unit(files=tuple(current)))
+        current, size = [], 0
+      bounds = [0] + cuts + [n]
+      units.extend(Unit(files=(path,), start=a, stop=b) for a, b in zip(bounds, bounds[1:]))
+      continue
     current.append(path)
     size += n
     if size >= unit_bytes:
@@ -250,6 +279,42 @@ def _group(files: list[str], sizes: list[int], unit_bytes: int) -> list[Unit]:
   if current:
     units.append(Unit(files=tuple(current)))
   return units
+
+
+# Where a document may end: after a line end (.jsonl) or after a blank line,
+# whose bytes are a line end, the whitespace of _BLANK, and a line end.
+_JSONL_BOUNDARY = re.compile(rb'\n')
+_BLANK_LINE_BOUNDARY = re.compile(rb'\n[ \t\r\f\v]*\n')
+
+
+def _cuts(path: str, size: int, unit_bytes: int, document_split: str) -> list[int]:
+  """Byte offsets in (0, size) where a big file is cut into units; [] to keep it whole.
+
+  The nominal cuts k * unit_bytes, each moved to just after the first
+  document boundary found from it within unit_bytes (none found: no cut
+  there); compressed files (no random access) and one-document files are not
+  cut. Any boundary serves: the cuts depend only on the file and unit_bytes.
+  """
+  if path.endswith('.gz'):
+    return []
+  if _is_jsonl(path):
+    boundary = _JSONL_BOUNDARY
+  elif document_split == 'blank_line':
+    boundary = _BLANK_LINE_BOUNDARY
+  else:
+    return []
+  cuts: list[int] = []
+  try:
+    with open(path, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+      for nominal in range(unit_bytes, size, unit_bytes):
+        if cuts and cuts[-1] >= nominal:
+          continue
+        found = boundary.search(m, nominal - 1, min(size, nominal + unit_bytes))
+        if found is not None and found.end() < size:
+          cuts.append(found.end())
+  except (OSError, ValueError):
+    return []  # Unreadable here: the reader reports it.
+  return cuts
 
 
 def resolve(data: ml_collections.ConfigDict) -> Corpus:
@@ -269,7 +334,8 @@ def resolve(data: ml_collections.ConfigDict) -> Corpus:
   if any(_is_jsonl(f) for f in files):
     description['text_key'] = data.text_key
   return Corpus('files', f'config.data.corpus={data.corpus!r}',
-                _group(files, [os.path.getsize(f) for f in files], UNIT_BYTES), description, tally,
+                _group(files, [os.path.getsize(f) for f in files], UNIT_BYTES,
+                       data.document_split), description, tally,
                 document_split=data.document_split, text_key=data.text_key)
 
 
@@ -333,8 +399,35 @@ def _is_jsonl(path: str) -> bool:
   return path.removesuffix('.gz').endswith('.jsonl')
 
 
-def _open_binary(path: str):
+def _open_binary(path: str, byte_range: tuple[int, int] | None = None):
+  if byte_range is not None:
+    return io.BufferedReader(_ByteRange(path, *byte_range))
   return gzip.open(path, 'rb') if path.endswith('.gz') else open(path, 'rb')
+
+
+class _ByteRange(io.RawIOBase):
+  """Bytes [start, stop) of a file as a raw stream (read from start, never before or past)."""
+
+  def __init__(self, path: str, start: int, stop: int):
+    super().__init__()
+    self._file = open(path, 'rb')  # pylint: disable=consider-using-with
+    self._file.seek(start)
+    self._left = stop - start
+
+  def readable(self) -> bool:
+    return True
+
+  def readinto(self, buffer) -> int:
+    n = min(len(buffer), self._left)
+    if n <= 0:
+      return 0
+    got = self._file.readinto(memoryview(buffer)[:n]) or 0
+    self._left -= got
+    return got
+
+  def close(self) -> None:
+    self._file.close()
+    super().close()
 
 
 class _Pieces:
@@ -411,46 +504,55 @@ def _jsonl_pieces(f: io.TextIOBase, name: str, text_key: str, tally: Tally,
     long_docs[0] += doc.num_pieces > 1
 
 
-def _file_pieces(path: str, document_split: str, text_key: str,
-                 tally: Tally) -> Iterator[tuple[bool, str]]:
-  """The pieces of one file; skips it (counted) if it is empty, binary or unreadable."""
+def _file_pieces(path: str, document_split: str, text_key: str, tally: Tally,
+                 byte_range: tuple[int, int] | None = None) -> Iterator[tuple[bool, str]]:
+  """The pieces of one file, or of its bytes [start, stop) (a unit of a big file).
+
+  Skips the file (counted, by its first range) if it is empty, binary or
+  unreadable. What a range repairs or skips is reported under the file's
+  name with the range; jsonl line numbers then count from the range's start.
+  """
+  first_range = byte_range is None or byte_range[0] == 0
+  name = path if byte_range is None else f'{path} (bytes {byte_range[0]:,}-{byte_range[1]:,})'
   try:
     with _open_binary(path) as f:
       head = f.read(_SNIFF_BYTES)
   except (OSError, EOFError, zlib.error) as e:
-    tally.skip(path, 'read_error', f'cannot read: {e}')
+    if first_range:
+      tally.skip(path, 'read_error', f'cannot read: {e}')
     return
   if not head:
     tally.skip(path, 'empty', 'empty file')
     return
   if b'\0' in head:
-    tally.skip(path, 'binary', f'binary (NUL bytes in the first {_SNIFF_BYTES} bytes)')
+    if first_range:
+      tally.skip(path, 'binary', f'binary (NUL bytes in the first {_SNIFF_BYTES} bytes)')
     return
   _replaced_bytes[0] = 0
   long_docs, num_docs, newlines = [0], 0, None
   try:
-    with io.TextIOWrapper(_open_binary(path), encoding='utf-8', errors=_REPLACE_ERRORS,
-                          newline=None) as f:
-      pieces = (_jsonl_pieces(f, path, text_key, tally, long_docs) if _is_jsonl(path)
+    with io.TextIOWrapper(_open_binary(path, byte_range), encoding='utf-8',
+                          errors=_REPLACE_ERRORS, newline=None) as f:
+      pieces = (_jsonl_pieces(f, name, text_key, tally, long_docs) if _is_jsonl(path)
                 else _text_pieces(f, document_split, long_docs))
       for first, piece in pieces:
         num_docs += first
         yield first, piece
       newlines = f.newlines
   except (OSError, EOFError, zlib.error) as e:
-    tally.skip(path, 'read_error', f'read error after {num_docs} documents (kept): {e}')
-  if num_docs:
+    tally.skip(name, 'read_error', f'read error after {num_docs} documents (kept): {e}')
+  if num_docs and first_range:
     tally.counts['files_used'] += 1
-  elif not any(s['input'] == path for s in tally.skipped):
-    tally.skip(path, 'no_text', 'no text (only whitespace)')
+  elif first_range and not any(s['input'] == name for s in tally.skipped):
+    tally.skip(name, 'no_text', 'no text (only whitespace)')
   if _replaced_bytes[0]:
-    tally.repair(path, 'invalid_utf8_files',
+    tally.repair(name, 'invalid_utf8_files',
                  f'invalid UTF-8: {_replaced_bytes[0]} bytes replaced by U+FFFD')
     tally.counts['invalid_utf8_bytes'] += _replaced_bytes[0]
-  if newlines and '\r\n' in newlines:
+  if newlines and '\r\n' in newlines and first_range:
     tally.repair(path, 'crlf_files', 'Windows (CRLF) line endings read as newlines')
   if long_docs[0]:
-    tally.repair(path, 'long_documents', f'documents over {PIECE_CHARS:,} characters read and '
+    tally.repair(name, 'long_documents', f'documents over {PIECE_CHARS:,} characters read and '
                  'tokenized in pieces', long_docs[0])
 
 

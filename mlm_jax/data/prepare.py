@@ -18,13 +18,15 @@ Packing follows RoBERTa's FULL-SENTENCES: documents are concatenated with
 each split has padding. Documents, not rows, are assigned to the validation
 split, so no held-out text is seen in training.
 
-Three stages, in DATA_DIR.partial, renamed to DATA_DIR when all are done:
-  1. tokenizer: one pass over the training documents; a sample of at most
-     config.tokenizer.max_sentences of their lines trains sentencepiece
-     (lines too long for it are cut into pieces first).
-  2. tokenize, in `config.data.num_workers` processes: each unit of the corpus
-     (a group of files, a range of tfds records) becomes units/NNNNNN/ (ids of
-     its documents and their lengths and splits).
+Three stages, in DATA_DIR.partial, renamed to DATA_DIR when all are done,
+each spread over `config.data.num_workers` processes by units of the corpus
+(a group of files, a byte range of a big file, a range of tfds records):
+  1. tokenizer: one pass over the training documents, each unit sampling its
+     lines by random keys; the at most config.tokenizer.max_sentences lines
+     with the smallest keys over all units train sentencepiece (lines too
+     long for it are cut into pieces first).
+  2. tokenize: each unit becomes units/NNNNNN/ (ids of its documents and
+     their lengths and splits).
   3. pack and write, in the same processes: row r of a split is the slice
      [r(T-2), (r+1)(T-2)) of that split's stream `doc [SEP] doc [SEP] ...`, so
      each array_record shard is computed from the unit files alone.
@@ -49,7 +51,6 @@ from collections.abc import Iterator
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
-import tqdm
 
 from mlm_jax.config_check import require
 from mlm_jax.data import corpus as corpus_lib
@@ -234,14 +235,17 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Co
   """The three stages in `out` (DATA_DIR.partial); returns the report. Resumable."""
   data = config.data
   start = time.perf_counter()
-  # A corpus of one unit is tokenized here: spawning would cost more than it saves.
-  workers = min(data.num_workers or os.cpu_count() or 1, max(1, len(corpus.units)))
-  tokenizer, tokenizer_report = _tokenizer(out, corpus, config)                # 1.
-  seconds = {'tokenizer': time.perf_counter() - start}
+  # Each worker is one process with one thread for sentencepiece, except that
+  # a corpus of one unit is tokenized here, with the threads the other
+  # workers would have had: spawning would cost more than it saves.
+  requested = data.num_workers or os.cpu_count() or 1
+  workers = min(requested, max(1, len(corpus.units)))
   init_args = (dataclasses.replace(corpus, units=[], tally=corpus_lib.Tally()),
                os.path.join(out, 'tokenizer.model'), data.val_fraction, data.split_seed,
-               data.seq_len, workers == 1)
+               data.seq_len, workers == 1 and requested > 1)
   with packing.Pool(workers, init_args) as pool:
+    tokenizer, tokenizer_report = _tokenizer(out, corpus, config, pool)        # 1.
+    seconds = {'tokenizer': time.perf_counter() - start}
     units_todo = _tokenize_units(out, corpus, pool, workers)                   # 2.
     seconds['tokenize'] = time.perf_counter() - start - sum(seconds.values())
     tally, streams, stats = _read_units(out, corpus, data.seq_len)
@@ -385,9 +389,13 @@ def format_report(report: dict, data_dir: str) -> str:
 # ------------------------------------------------------------------ stage 1: tokenizer
 
 
-def _tokenizer(out: str, corpus: corpus_lib.Corpus,
-               config: ml_collections.ConfigDict) -> tuple[tok_lib.Tokenizer, dict]:
-  """The tokenizer in out/tokenizer.model: copied, kept from an earlier run, or trained."""
+def _tokenizer(out: str, corpus: corpus_lib.Corpus, config: ml_collections.ConfigDict,
+               pool: packing.Pool) -> tuple[tok_lib.Tokenizer, dict]:
+  """The tokenizer in out/tokenizer.model: copied, kept from an earlier run, or trained.
+
+  The units' lines are sampled in the pool's workers (packing.sample_unit)
+  and merged here, so the sample is the same for any number of workers.
+  """
   model_path = os.path.join(out, 'tokenizer.model')
   info_path = os.path.join(out, 'tokenizer.json')
   if os.path.exists(model_path):
@@ -403,8 +411,19 @@ def _tokenizer(out: str, corpus: corpus_lib.Corpus,
     tally = corpus_lib.Tally()
     tally.add(corpus.tally.to_json())
     documents = [0]
-    lines, info = tok_lib.sample_lines(_train_lines(corpus, data, tally, documents),
-                                       tok.max_sentences, seed=data.split_seed)
+
+    bound = [2**64]  # Lowered by merge_samples as parts arrive; read as tasks are made.
+
+    def samples() -> Iterator[tok_lib.LineSample]:
+      tasks = ((i, unit, tok.max_sentences, data.split_seed, bound[0])
+               for i, unit in enumerate(corpus.units))
+      for sample, unit_documents, unit_tally in pool.results(
+          packing.sample_unit, tasks, 'tokenizer lines', len(corpus.units)):
+        documents[0] += unit_documents
+        tally.add(unit_tally)
+        yield sample
+
+    lines, info = tok_lib.merge_samples(samples(), tok.max_sentences, bound)
     if not lines:
       _raise_no_text(corpus, tally)
     info['documents'] = documents[0]
@@ -453,25 +472,6 @@ def _size(num_bytes: int) -> str:
     if num_bytes >= scale:
       return f'{num_bytes / scale:,.1f} {unit}'
   return f'{num_bytes} bytes'
-
-
-def _train_lines(corpus: corpus_lib.Corpus, data: ml_collections.ConfigDict,
-                 tally: corpus_lib.Tally, documents: list[int]) -> Iterator[str]:
-  """The stripped non-empty lines of the training documents, in corpus order.
-
-  Counts those documents in documents[0].
-  """
-  is_val = False
-  for unit in tqdm.tqdm(corpus.units, desc='tokenizer lines', unit='unit', mininterval=2):
-    for first, piece in corpus.pieces(unit, tally):
-      piece = tok_lib.sanitize(piece)
-      if first:
-        is_val = packing.is_validation(piece, data.val_fraction, data.split_seed)
-        documents[0] += not is_val
-      if not is_val:
-        for line in piece.splitlines():
-          if line := line.strip():
-            yield line
 
 
 def _raise_no_text(corpus: corpus_lib.Corpus, tally: corpus_lib.Tally):

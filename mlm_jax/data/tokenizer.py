@@ -8,9 +8,8 @@ masking and the model never need to look them up:
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
-import random
 import re
 from collections.abc import Iterable
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
@@ -177,44 +177,127 @@ def _sentences(lines: Iterable[str], counts: dict[str, int]) -> Iterator[tuple[s
         yield piece, piece_size
 
 
-def sample_lines(lines: Iterable[str], max_lines: int, seed: int) -> tuple[list[str], dict]:
-  """A uniform sample of at most `max_lines` training sentences of `lines`, in their order.
+_COUNT_KEYS = ('lines_seen', 'bytes_seen', 'lines_split', 'sentences_seen', 'reserved_sentences',
+               'reserved_bytes')
+
+
+@dataclasses.dataclass
+class LineSample:
+  """A sample of training sentences from one part of the corpus, with what that part held.
+
+  Each sentence of part p gets a random key, a pure function of (seed, p, its
+  index in the part); a sample of at most k sentences is the k with the
+  smallest keys. So samples of parts, drawn in any processes in any order,
+  merge into the sample of the whole (merge_samples), the same whatever the
+  number of workers.
+  """
+  keys: np.ndarray            # [n] uint64
+  where: np.ndarray           # [n, 2] int64: (part, index in the part)
+  sentences: list[str]
+  sizes: np.ndarray           # [n] int64 UTF-8 bytes
+  counts: dict[str, int]      # _COUNT_KEYS: everything the part held
+
+  def smallest(self, k: int) -> LineSample:
+    if len(self.sentences) <= k:
+      return self
+    keep = np.sort(np.lexsort((self.where[:, 1], self.where[:, 0], self.keys))[:k])
+    return LineSample(self.keys[keep], self.where[keep], [self.sentences[i] for i in keep],
+                      self.sizes[keep], self.counts)
+
+
+def _keys(seed: int, part: int, indices: np.ndarray) -> np.ndarray:
+  """uint64 keys of (seed, part, index): splitmix64 of a counter."""
+  def mix(x):
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+  with np.errstate(over='ignore'):
+    base = mix(np.uint64(seed % 2**64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(part))
+    return mix(base + mix(indices.astype(np.uint64) + np.uint64(0x632BE59BD9B4E019)))
+
+
+def _empty_sample(counts: dict[str, int]) -> LineSample:
+  return LineSample(np.zeros(0, np.uint64), np.zeros((0, 2), np.int64), [],
+                    np.zeros(0, np.int64), counts)
+
+
+def _concat(a: LineSample, b: LineSample, counts: dict[str, int]) -> LineSample:
+  return LineSample(np.concatenate([a.keys, b.keys]), np.concatenate([a.where, b.where]),
+                    a.sentences + b.sentences, np.concatenate([a.sizes, b.sizes]), counts)
+
+
+def sample_part(lines: Iterable[str], max_lines: int, seed: int, part: int = 0,
+                below: int = 2**64) -> LineSample:
+  """The sentences of `lines` (one part of the corpus) that may be among the sample's max_lines.
 
   sentencepiece ignores a sentence over MAX_SENTENCE_BYTES, so a longer line
-  is first cut into pieces that fit (split_line), each a sentence of its own.
-  Reservoir sampling (Li's algorithm L) keeps memory to the sample however
-  long the stream. Returns (sample, counts): lines and their bytes seen, lines
-  split, sentences seen and sampled with the bytes sampled, and what was left
-  out: sentences (and bytes) over the `max_lines` cap, and reserved_* ones
-  that sentencepiece would skip for holding U+2047.
+  is first cut into pieces that fit (split_line), each a sentence of its own;
+  sentences holding U+2047, which sentencepiece reserves and skips, are
+  counted and left out. Only sentences with keys below `below` are kept (a
+  bound known to hold the sample's keys). Memory stays within about twice
+  the sample.
   """
-  counts = dict.fromkeys(('lines_seen', 'bytes_seen', 'lines_split', 'sentences_seen',
-                          'reserved_sentences', 'reserved_bytes'), 0)
-  rng = random.Random(seed)
-  reservoir: list[tuple[int, str, int]] = []
-  seen = 0
-  w = next_take = 0.0
+  counts = dict.fromkeys(_COUNT_KEYS, 0)
+  kept, sentences, sizes, start = _empty_sample(counts), [], [], 0
 
-  def skip() -> float:  # How many sentences to pass over before the next replacement.
-    return math.floor(math.log(1.0 - rng.random()) / math.log(1.0 - w)) + 1
+  def add_batch() -> LineSample:
+    indices = np.arange(start, start + len(sentences), dtype=np.int64)
+    keys = _keys(seed, part, indices)
+    low = np.flatnonzero(keys < np.uint64(below)) if below < 2**64 else np.arange(len(keys))
+    batch = LineSample(keys[low], np.stack([np.full(len(low), part, np.int64), indices[low]],
+                                           axis=1),
+                       [sentences[i] for i in low], np.asarray(sizes, np.int64)[low], counts)
+    return _concat(kept, batch, counts).smallest(max_lines)
 
   for sentence, size in _sentences(lines, counts):
-    if seen < max_lines:
-      reservoir.append((seen, sentence, size))
-      if seen == max_lines - 1:
-        w = math.exp(math.log(1.0 - rng.random()) / max_lines)
-        next_take = seen + skip()
-    elif seen == next_take:
-      reservoir[rng.randrange(max_lines)] = (seen, sentence, size)
-      w *= math.exp(math.log(1.0 - rng.random()) / max_lines)
-      next_take = seen + skip()
-    seen += 1
-  reservoir.sort()
-  sampled_bytes = sum(size for _, _, size in reservoir)
-  counts |= {'sentences_sampled': len(reservoir), 'bytes_sampled': sampled_bytes,
-             'capped_sentences': seen - len(reservoir),
-             'capped_bytes': counts['bytes_seen'] - counts['reserved_bytes'] - sampled_bytes}
-  return [sentence for _, sentence, _ in reservoir], counts
+    sentences.append(sentence)
+    sizes.append(size)
+    if len(sentences) >= max(max_lines, 1 << 16):
+      kept = add_batch()
+      start += len(sentences)
+      sentences.clear()
+      sizes.clear()
+  return add_batch()
+
+
+def merge_samples(parts: Iterable[LineSample], max_lines: int,
+                  bound: list[int] | None = None) -> tuple[list[str], dict]:
+  """A uniform sample of at most `max_lines` sentences of all parts, in corpus order.
+
+  Parts may come in any order; memory stays within about twice the sample.
+  `bound[0]`, if given, is kept at the largest key that can still be in the
+  sample (the max_lines-th smallest so far, which more parts can only
+  lower): parts made after it changes need not hold sentences above it, so
+  workers send back a few sentences instead of all of theirs, and the sample
+  is the same.
+  Returns (sample, counts): lines and their bytes seen, lines split,
+  sentences seen and sampled with the bytes sampled, and what was left out:
+  sentences (and bytes) over the `max_lines` cap, and reserved_* ones that
+  sentencepiece would skip for holding U+2047.
+  """
+  counts = dict.fromkeys(_COUNT_KEYS, 0)
+  kept = _empty_sample(counts)
+  for part in parts:
+    for k in _COUNT_KEYS:
+      counts[k] += part.counts[k]
+    kept = _concat(kept, part, counts)
+    if len(kept.sentences) > 2 * max_lines:
+      kept = kept.smallest(max_lines)
+    if bound is not None and len(kept.sentences) >= max_lines:
+      bound[0] = int(np.partition(kept.keys, max_lines - 1)[max_lines - 1]) + 1
+  kept = kept.smallest(max_lines)
+  order = np.lexsort((kept.where[:, 1], kept.where[:, 0]))
+  sampled_bytes = int(kept.sizes.sum())
+  usable = counts['sentences_seen'] - counts['reserved_sentences']
+  counts = dict(counts, sentences_sampled=len(order), bytes_sampled=sampled_bytes,
+                capped_sentences=usable - len(order),
+                capped_bytes=counts['bytes_seen'] - counts['reserved_bytes'] - sampled_bytes)
+  return [kept.sentences[i] for i in order], counts
+
+
+def sample_lines(lines: Iterable[str], max_lines: int, seed: int) -> tuple[list[str], dict]:
+  """A uniform sample of at most `max_lines` training sentences of one stream, in order."""
+  return merge_samples([sample_part(lines, max_lines, seed)], max_lines)
 
 
 def train_tokenizer(lines: Iterable[str], model_path: str, *, vocab_size: int,
@@ -248,6 +331,14 @@ def train_tokenizer(lines: Iterable[str], model_path: str, *, vocab_size: int,
   vocab_file = prefix + '.vocab'
   if os.path.exists(vocab_file):
     os.remove(vocab_file)
+  # The trainer records the path it wrote to; keep the model free of it, so
+  # that the same corpus and settings give the same bytes in any directory.
+  model = sentencepiece_model_pb2.ModelProto()
+  with open(model_path, 'rb') as f:
+    model.ParseFromString(f.read())
+  model.trainer_spec.model_prefix = 'tokenizer'
+  with open(model_path, 'wb') as f:
+    f.write(model.SerializeToString())
   return Tokenizer(model_path)
 
 
