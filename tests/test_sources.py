@@ -145,9 +145,12 @@ def test_a_100_mb_line_streams_in_bounded_memory(tmp_path):
   with open(path, 'wb') as f:
     f.write(word * (100_000_000 // len(word)))
   assert path.stat().st_size > 99_000_000
-  c = corpus.resolve(_config(str(path), tmp_path / 'x').data)
-  tally = corpus.Tally()
   tracemalloc.start()
+  c = corpus.resolve(_config(str(path), tmp_path / 'x').data)  # Looks for places to cut.
+  assert [u.byte_range for u in c.units] == [None]              # None: no line end at all.
+  assert tracemalloc.get_traced_memory()[1] < 3 * (1 << 20)
+  tracemalloc.reset_peak()
+  tally = corpus.Tally()
   pieces = chars = 0
   for first, piece in c.pieces(c.units[0], tally):
     assert first == (pieces == 0) and len(piece) <= corpus.PIECE_CHARS

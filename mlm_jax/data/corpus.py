@@ -42,7 +42,6 @@ import gzip
 import hashlib
 import io
 import json
-import mmap
 import os
 import re
 import sys
@@ -305,16 +304,36 @@ def _cuts(path: str, size: int, unit_bytes: int, document_split: str) -> list[in
     return []
   cuts: list[int] = []
   try:
-    with open(path, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+    with open(path, 'rb') as f:
       for nominal in range(unit_bytes, size, unit_bytes):
         if cuts and cuts[-1] >= nominal:
           continue
-        found = boundary.search(m, nominal - 1, min(size, nominal + unit_bytes))
-        if found is not None and found.end() < size:
-          cuts.append(found.end())
-  except (OSError, ValueError):
+        end = _boundary_end(f, boundary, nominal - 1, min(size, nominal + unit_bytes))
+        if end is not None and end < size:
+          cuts.append(end)
+  except OSError:
     return []  # Unreadable here: the reader reports it.
   return cuts
+
+
+def _boundary_end(f, boundary: re.Pattern, start: int, stop: int,
+                  block: int = 1 << 20) -> int | None:
+  """Where the first boundary within bytes [start, stop) of f ends; read 1 MiB at a time."""
+  pos = start
+  while pos < stop:
+    f.seek(pos)
+    data = f.read(min(block, stop - pos))
+    if not data:
+      return None
+    found = boundary.search(data)
+    if found is not None:
+      return pos + found.end()
+    if pos + len(data) >= stop:
+      return None
+    # A boundary across the end of the block starts at its last line end.
+    last = data.rfind(b'\n')
+    pos += last if last > 0 else len(data)
+  return None
 
 
 def resolve(data: ml_collections.ConfigDict) -> Corpus:
