@@ -9,6 +9,7 @@ masking and the model never need to look them up:
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import re
 from collections.abc import Iterable
@@ -18,7 +19,6 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 import sentencepiece as spm
-from sentencepiece import sentencepiece_model_pb2
 
 from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
@@ -307,10 +307,12 @@ def train_tokenizer(lines: Iterable[str], model_path: str, *, vocab_size: int,
   if not model_path.endswith('.model'):
     raise ValueError(f'tokenizer path must end in .model, got {model_path}')
   spm.set_random_generator_seed(seed)
-  prefix = model_path[:-len('.model')]
+  # Written to memory, not to a path the model would record: the same corpus
+  # and settings give the same model bytes in any directory.
+  model = io.BytesIO()
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(lines),
-      model_prefix=prefix,
+      model_writer=model,
       vocab_size=vocab_size,
       model_type=model_type,
       character_coverage=character_coverage,
@@ -328,17 +330,8 @@ def train_tokenizer(lines: Iterable[str], model_path: str, *, vocab_size: int,
       num_threads=os.cpu_count() or 1,
       minloglevel=2,
   )
-  vocab_file = prefix + '.vocab'
-  if os.path.exists(vocab_file):
-    os.remove(vocab_file)
-  # The trainer records the path it wrote to; keep the model free of it, so
-  # that the same corpus and settings give the same bytes in any directory.
-  model = sentencepiece_model_pb2.ModelProto()
-  with open(model_path, 'rb') as f:
-    model.ParseFromString(f.read())
-  model.trainer_spec.model_prefix = 'tokenizer'
   with open(model_path, 'wb') as f:
-    f.write(model.SerializeToString())
+    f.write(model.getvalue())
   return Tokenizer(model_path)
 
 
