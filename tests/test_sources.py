@@ -470,3 +470,18 @@ def test_the_prepare_command_prepares_once_and_reports(tmp_path):
   bad = subprocess.run(cmd + ['--config.data.num_workers=-1'], cwd=REPO, capture_output=True,
                        text=True, timeout=300)
   assert bad.returncode == 2 and 'num_workers' in bad.stderr
+
+
+def test_a_file_that_vanishes_after_its_first_range_is_reported_per_range(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, 'UNIT_BYTES', 4096)
+  path = tmp_path / 'big.txt'
+  path.write_text('\n\n'.join(DOCS[:100]))
+  c = corpus.resolve(_config(str(path), tmp_path / 'x').data)
+  assert len(c.units) > 3
+  tally = corpus.Tally()
+  assert list(c.pieces(c.units[0], tally))
+  path.unlink()
+  for unit in c.units[1:]:
+    assert not list(c.pieces(unit, tally))
+  assert tally.counts['read_error'] == len(c.units) - 1
+  assert all('bytes' in s['input'] and 'cannot read' in s['reason'] for s in tally.skipped)

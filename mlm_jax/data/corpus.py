@@ -536,9 +536,8 @@ def _file_pieces(path: str, document_split: str, text_key: str, tally: Tally,
   try:
     with _open_binary(path) as f:
       head = f.read(_SNIFF_BYTES)
-  except (OSError, EOFError, zlib.error) as e:
-    if first_range:
-      tally.skip(path, 'read_error', f'cannot read: {e}')
+  except (OSError, EOFError, zlib.error) as e:  # Each range: the file may vanish mid-run.
+    tally.skip(name, 'read_error', f'cannot read: {e}')
     return
   if not head:
     tally.skip(path, 'empty', 'empty file')
