@@ -35,6 +35,11 @@ _COMPARE = flags.DEFINE_enum('compare', '', ['', 'hf'],
 _HF_COMPILE = flags.DEFINE_bool(
     'hf_compile', False, 'With --compare=hf: time HF both eager and under torch.compile (its '
     'compile time apart; a failure, e.g. no C++ compiler on CPU, is noted, not fatal).')
+_BREAKDOWN = flags.DEFINE_integer(
+    'breakdown', 0, 'After the timed windows, trace this many more steps of ours '
+    '(jax.profiler) and of eager HF (torch.profiler, with --compare=hf) and print their time '
+    'by kind of operation (matmuls by part, softmax, layer norm, GELU, gathers, optimizer, '
+    'copies); 0: none.')
 _JSON_OUT = flags.DEFINE_string('json_out', '', 'Also write all figures to this JSON file.')
 
 
@@ -42,7 +47,7 @@ def main() -> int:
   result = bench.run_benchmark(
       _CONFIG.value, warmup=_WARMUP.value, steps=_STEPS.value, repeats=_REPEATS.value,
       num_batches=_NUM_BATCHES.value, peak_tflops=_PEAK_TFLOPS.value, compare=_COMPARE.value,
-      hf_compile=_HF_COMPILE.value, log=lambda s: print(s, file=sys.stderr, flush=True))
+      hf_compile=_HF_COMPILE.value, breakdown_steps=_BREAKDOWN.value, log=lambda s: print(s, file=sys.stderr, flush=True))
   result['command'] = shlex.join(['python', '-m', 'mlm_jax.bench', *sys.argv[1:]])
   print(bench.format_report(result), flush=True)
   if _JSON_OUT.value:

@@ -1,5 +1,6 @@
 """The benchmark command and the FLOP count behind its MFU."""
 
+import functools
 import json
 import math
 import subprocess
@@ -21,6 +22,7 @@ from mlm_jax.perf import bench
 from mlm_jax.perf import flops as flops_lib
 from mlm_jax.perf import hf_peer
 from mlm_jax.perf import host as host_lib
+from mlm_jax.perf import op_breakdown
 from tests.conftest import REPO
 from tests.conftest import micro_config
 
@@ -204,13 +206,50 @@ def test_a_modernbert_config_is_timed_against_modernbert():
   config = micro_config('', '')
   config.model.num_layers, config.model.variant, config.model.layer_norm_eps = 2, 'modern', 1e-5
   config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
-  result = bench.run_benchmark(config, warmup=1, steps=1, repeats=1, num_batches=1, compare='hf')
+  result = bench.run_benchmark(config, warmup=1, steps=1, repeats=1, num_batches=1, compare='hf',
+                               breakdown_steps=2)
   ours, hf = result['ours'], result['hf']
   assert hf['num_params'] == ours['num_params']
   assert hf['masked_tokens_per_step'] == ours['masked_tokens_per_step']
   # Its head, like ours, runs on the masked tokens only.
   assert hf['flops_per_token_as_computed'] == result['flops_per_token']
-  assert 'ModernBertForMaskedLM' in bench.format_report(result)
+  report = bench.format_report(result)
+  assert 'ModernBertForMaskedLM' in report
+  # Both steps' time by kind of operation: the matmuls of every part, found in both.
+  assert 'Time per step by kind of operation' in report
+  breakdown = result['breakdown']
+  assert list(breakdown) == [ours['name'], hf['name']]
+  for system in breakdown.values():
+    seconds = system['seconds']
+    assert set(seconds) <= set(op_breakdown.CATEGORIES)
+    assert seconds['matmul: MLP'] > 0 and seconds['matmul: MLM head'] > 0
+    assert seconds['layer norm'] > 0 and seconds['optimizer update'] > 0
+    assert 0 < sum(seconds.values()) < 10 * max(ours['step_time_s']['max'],
+                                                 hf['step_time_s']['max'])
+
+
+def test_concurrent_operations_share_the_wall_time():
+  # a alone for 2, a and b together for 2, b alone for 1: 3 and 2.
+  shares = op_breakdown._wall_shares([(0, 4, 'a'), (2, 5, 'b')])
+  assert shares == {'a': 3.0, 'b': 2.0}
+  assert op_breakdown._wall_shares([(0, 1, 'a'), (3, 4, 'a')]) == {'a': 2.0}
+
+
+def test_torch_operations_are_sorted_into_the_same_categories():
+  assert op_breakdown.categorize_torch('aten::addmm') == 'matmul: other'
+  assert op_breakdown.categorize_torch('aten::native_layer_norm_backward') == 'layer norm'
+  assert op_breakdown.categorize_torch(
+      'aten::_scaled_dot_product_flash_attention_for_cpu') == 'attention (fused kernel)'
+  assert op_breakdown.categorize_torch('aten::_foreach_mul_') == 'optimizer update'
+  assert op_breakdown.categorize_torch('aten::gelu_backward') == 'GELU / GeGLU'
+  assert op_breakdown.categorize_torch('aten::add') == 'other elementwise'
+  assert op_breakdown.categorize_torch('autograd::engine::evaluate_function: MmBackward0') is None
+  # d=128, d_ff=640, V=1024; B=4, T=128: 512 tokens, not a model width.
+  part = functools.partial(op_breakdown._matmul_part, mlp_widths={640}, vocab_sizes={1024},
+                           token_counts={4, 128, 512})
+  assert part([[512, 128], [128, 128]]) == 'matmul: attention'   # x @ W_q: all d.
+  assert part([[20, 128], [128, 1024]]) == 'matmul: MLM head'
+  assert part([[512, 128], [128, 640]]) == 'matmul: MLP'
 
 
 def test_synthetic_rows_are_full_and_masked_by_the_masker():

@@ -45,6 +45,7 @@ from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop import hf as hf_lib
 from mlm_jax.perf import flops as flops_lib
 from mlm_jax.perf import hf_peer
+from mlm_jax.perf import op_breakdown
 from mlm_jax.perf import host as host_lib
 from mlm_jax.runtime import host_malloc
 from mlm_jax.runtime import sharding
@@ -119,6 +120,9 @@ class _JaxRunner:
       self._i += 1
     jax.block_until_ready((self._state, self._metrics))
     return time.perf_counter() - start
+
+  def compiled_text(self) -> str:
+    return self._step.as_text()
 
   def finish(self) -> None:
     metrics = jax.device_get(self._metrics)
@@ -200,13 +204,16 @@ def _hf_peers(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfi
 
 def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: int = 10,
                   repeats: int = 5, num_batches: int = 4, peak_tflops: float = 0.0,
-                  compare: str = '', hf_compile: bool = False,
+                  compare: str = '', hf_compile: bool = False, breakdown_steps: int = 0,
                   log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
   """Times our train step (and HF's with compare='hf'); returns every figure as a dict.
 
   With hf_compile (only with compare='hf'), HF runs both eager and under
   torch.compile; a torch.compile that fails leaves 'hf_compile_error' in the
   result instead of 'hf_compiled'.
+  With breakdown_steps > 0, that many more steps of each (eager HF
+  only) are traced and their time split by kind of operation
+  (op_breakdown.py) into result['breakdown'].
   """
   for name, value, least in (('warmup', warmup, 0), ('steps', steps, 1), ('repeats', repeats, 1),
                              ('num_batches', num_batches, 1)):
@@ -247,6 +254,17 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
       runner.timed.window_step_s.append(runner.run(steps) / steps)
   for runner in runners:
     runner.finish()
+  breakdown = {}
+  if breakdown_steps:
+    log(f'Tracing {breakdown_steps} steps of each, by kind of operation...')
+    breakdown[ours.timed.name] = op_breakdown.jax_breakdown(ours.compiled_text(), ours.run,
+                                                            breakdown_steps)
+    if 'hf' in peers:
+      d_ff = model_cfg.intermediate_size
+      breakdown[peers['hf'].timed.name] = op_breakdown.torch_breakdown(
+          peers['hf'].run, breakdown_steps, mlp_widths={d_ff, 2 * d_ff},
+          vocab_sizes={model_cfg.vocab_size, model_cfg.padded_vocab_size},
+          token_counts=_token_counts(config, peers['hf'].timed.info['masked_tokens_per_step']))
 
   # A CPU counts as one device however many XLA host devices it is split into.
   physical_devices = 1 if backend == 'cpu' else ours.timed.info['num_devices']
@@ -278,7 +296,15 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
     result['ratio_basis'] = 'per device' if physical_devices > 1 else 'total'
   if compile_error:
     result['hf_compile_error'] = compile_error
+  if breakdown:
+    result['breakdown'] = breakdown
   return result
+
+
+def _token_counts(config: ml_collections.ConfigDict, masked_per_step: float) -> set[int]:
+  """Sizes of token axes in HF's matmuls: rows, positions, masked tokens and their products."""
+  b, t, p = config.train.batch_size, config.data.seq_len, config.masking.max_predictions
+  return {b, t, p, b * t, b * p, int(masked_per_step)}
 
 
 def _ratios(ours: dict[str, Any], peer: dict[str, Any], per: int, suffix: str) -> dict[str, float]:
@@ -369,7 +395,10 @@ def format_report(result: dict[str, Any]) -> str:
   ]
   lines += [(name.ljust(width) + '  ' + ''.join(v.ljust(col) for v in values)).rstrip()
             for name, values in rows]
-  return '\n'.join(lines + _peer_lines(result))
+  lines += _peer_lines(result)
+  if 'breakdown' in result:
+    lines += ['', op_breakdown.format_table(result['breakdown'])]
+  return '\n'.join(lines)
 
 
 def _mode(peer: dict[str, Any]) -> str:

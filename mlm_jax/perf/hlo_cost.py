@@ -308,7 +308,8 @@ def phase_and_part(op_name: str) -> tuple[str, str]:
     phase = 'optimizer and metrics'
   part = 'other'
   for key, label in (('attention_layer_norm', 'layer norm'), ('output_layer_norm', 'layer norm'),
-                     ('/attention/', 'attention'), ('/intermediate/', 'MLP'),
+                     ('attention_norm', 'layer norm'), ('mlp_norm', 'layer norm'),
+                     ('/attention/', 'attention'), ('/intermediate/', 'MLP'), ('/mlp/', 'MLP'),
                      ('/output/', 'MLP'), ('embeddings', 'embeddings'), ('mlm_head', 'MLM head'),
                      ('sentence_pair', 'sentence-pair head'), ('mlm_logits', 'MLM head')):
     if key in op_name:
