@@ -1,4 +1,5 @@
-"""Command line: python -m mlm_jax.prepare --config=FILE [--config.data.num_workers=N ...].
+"""Command line: python -m mlm_jax.prepare --config=FILE [--config.data.num_workers=N ...]
+                                           [--beam [--beam_options='--runner=... ...']].
 
 Prepares the data a config trains on (tokenizer, packed rows, counts) and
 prints the report, without training: what `train` does first when the data
@@ -6,24 +7,45 @@ is not prepared yet, run on its own (e.g. once, on a machine with many
 cores, into a data dir the training hosts share). Nothing is done when the
 data dir already holds the data; an interrupted run continues where it
 stopped. See mlm_jax/data/prepare.py.
+
+--beam runs the work as Apache Beam pipelines (pip install -e '.[beam]'):
+DirectRunner with config.data.num_workers processes by default, or any
+runner given by --beam_options (Dataflow, Flink, Spark); the data dir is the
+same byte for byte. See docs/data.md#apache-beam.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import time
+
+from absl import flags
 
 from mlm_jax import cli
 from mlm_jax import configuration as config_lib
 from mlm_jax.data import prepare
 
 _CONFIG = cli.config_flag()
+_BEAM = flags.DEFINE_bool('beam', False, 'Run the stages as Apache Beam pipelines.')
+_BEAM_OPTIONS = flags.DEFINE_string(
+    'beam_options', '', "Beam pipeline options as on Beam's command line, e.g. "
+    "'--runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp'. "
+    'Default: DirectRunner with config.data.num_workers processes (0: one per core). '
+    'Implies --beam.')
 
 
 def main() -> None:
   config = _CONFIG.value
   config_lib.validate(config)
+  beam_options = None
+  if _BEAM.value or _BEAM_OPTIONS.value:
+    workers = config.data.num_workers or os.cpu_count() or 1
+    beam_options = shlex.split(_BEAM_OPTIONS.value) or [
+        '--runner=DirectRunner', f'--direct_num_workers={workers}',
+        '--direct_running_mode=multi_processing']
   start = time.perf_counter()
-  data = prepare.prepare(config)
+  data = prepare.prepare(config, beam_options)
   print(f'Data dir: {data.data_dir} (ready after {time.perf_counter() - start:.1f} s)',
         flush=True)
 

@@ -485,3 +485,35 @@ def test_a_file_that_vanishes_after_its_first_range_is_reported_per_range(tmp_pa
     assert not list(c.pieces(unit, tally))
   assert tally.counts['read_error'] == len(c.units) - 1
   assert all('bytes' in s['input'] and 'cannot read' in s['reason'] for s in tally.skipped)
+
+
+def test_apache_beam_prepares_the_same_dataset_as_local_workers(tmp_path, monkeypatch):
+  pytest.importorskip('apache_beam')
+  monkeypatch.setattr(corpus, 'UNIT_BYTES', 16 << 10)    # One file in byte ranges,
+  monkeypatch.setattr(prepare, 'SHARD_BYTES', 4 * 32 * 40)  # several shards of rows.
+  (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS))
+  (tmp_path / 'b.txt').write_text('\n\n'.join(DOCS[:40]))
+  spec = str(tmp_path / '*.txt')
+  local = prepare.prepare(_config(spec, tmp_path / 'local', workers=2))
+  beam_options = ['--runner=DirectRunner', '--direct_num_workers=2',
+                  '--direct_running_mode=multi_processing']
+  beam = prepare.prepare(_config(spec, tmp_path / 'beam'), beam_options)
+  work = beam.report['work']
+  assert work['units'] > 5 and work['shards'] > 3 and work['beam_options'] == beam_options
+  assert beam.report['tokenizer'] == local.report['tokenizer']
+  assert beam.report['inputs'] == local.report['inputs']
+  _assert_same_data(local, beam)
+  assert sorted(os.listdir(tmp_path / 'beam')) == sorted(os.listdir(tmp_path / 'local'))
+
+
+def test_prepare_with_beam_options_of_an_unknown_runner_stops_before_any_work(tmp_path):
+  pytest.importorskip('apache_beam')
+  (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS[:20]))
+  config_file = write_config_file(tmp_path / 'c.py', str(tmp_path / 'a.txt'),
+                                  str(tmp_path / 'data'))
+  bad = subprocess.run([sys.executable, '-m', 'mlm_jax.prepare', f'--config={config_file}',
+                        '--beam_options=--runner=NoSuchRunner'], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+  assert bad.returncode == 2, bad.stderr[-2000:]
+  assert 'error: --beam_options: Unexpected pipeline runner: NoSuchRunner' in bad.stderr
+  assert not (tmp_path / 'data').exists() and not (tmp_path / 'data.partial').exists()

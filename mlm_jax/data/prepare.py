@@ -34,6 +34,10 @@ Every unit and shard is written under a temporary name and renamed when
 complete, so an interrupted prepare keeps its finished work and a rerun
 continues from it. The rows depend only on the config: not on the number of
 workers, the grouping into units, or interruptions.
+
+With `beam_options`, the stages' tasks run as Apache Beam pipelines instead of
+in local processes (data/beam_runner.py): the same tasks and the same data
+dir, spread over a Beam runner's workers.
 """
 
 from __future__ import annotations
@@ -185,8 +189,16 @@ def is_prepared(data_dir: str, fp: dict) -> bool:
   return False
 
 
-def prepare(config: ml_collections.ConfigDict) -> PreparedData:
-  """Loads the prepared data for `config`, preparing it first (or finishing it) if needed."""
+def prepare(config: ml_collections.ConfigDict,
+            beam_options: list[str] | None = None) -> PreparedData:
+  """Loads the prepared data for `config`, preparing it first (or finishing it) if needed.
+
+  `beam_options`: run the stages on Apache Beam with these pipeline options
+  (e.g. ['--runner=DirectRunner', '--direct_num_workers=2']); None: local
+  worker processes.
+  """
+  if beam_options is not None:
+    _import_beam_runner().check_options(beam_options)  # Before anything is read or written.
   corpus = corpus_lib.resolve(config.data)
   data_dir, fp = resolve_data_dir(config, corpus)
   if is_prepared(data_dir, fp):
@@ -194,7 +206,7 @@ def prepare(config: ml_collections.ConfigDict) -> PreparedData:
   partial = data_dir + '.partial'
   _open_partial(partial, fp)
   try:
-    report = _prepare_into(partial, corpus, config)
+    report = _prepare_into(partial, corpus, config, beam_options)
   except corpus_lib.CorpusError:
     shutil.rmtree(partial, ignore_errors=True)  # A rerun cannot help: nothing worth keeping.
     raise
@@ -231,7 +243,17 @@ def _open_partial(partial: str, fp: dict) -> None:
   os.rename(new, partial)  # The marker is there before the name is.
 
 
-def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.ConfigDict) -> dict:
+def _import_beam_runner():
+  try:
+    from mlm_jax.data import beam_runner  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise ImportError(f"Preparing with Apache Beam needs it installed: pip install -e '.[beam]' "
+                      f'({e})') from e
+  return beam_runner
+
+
+def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.ConfigDict,
+                  beam_options: list[str] | None = None) -> dict:
   """The three stages in `out` (DATA_DIR.partial); returns the report. Resumable."""
   data = config.data
   start = time.perf_counter()
@@ -242,8 +264,12 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Co
   workers = min(requested, max(1, len(corpus.units)))
   init_args = (dataclasses.replace(corpus, units=[], tally=corpus_lib.Tally()),
                os.path.join(out, 'tokenizer.model'), data.val_fraction, data.split_seed,
-               data.seq_len, workers == 1 and requested > 1)
-  with packing.Pool(workers, init_args) as pool:
+               data.seq_len, workers == 1 and requested > 1 and beam_options is None)
+  if beam_options is None:
+    pool = packing.Pool(workers, init_args)
+  else:
+    pool = _import_beam_runner().BeamPool(beam_options, init_args, os.path.join(out, 'beam'))
+  with pool:
     tokenizer, tokenizer_report = _tokenizer(out, corpus, config, pool)        # 1.
     seconds = {'tokenizer': time.perf_counter() - start}
     units_todo = _tokenize_units(out, corpus, pool, workers)                   # 2.
@@ -258,7 +284,8 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Co
       'splits': stats,
       'inputs': tally.to_json(),
       'tokenizer': tokenizer_report,
-      'work': {'workers': workers, 'units': len(corpus.units),
+      'work': {'workers': workers if beam_options is None else None,
+               'beam_options': beam_options, 'units': len(corpus.units),
                'units_reused': len(corpus.units) - units_todo, 'shards': num_shards,
                'shards_reused': num_shards - shards_todo,
                'seconds': round(time.perf_counter() - start, 2),
@@ -353,8 +380,8 @@ def _finish_rows(out: str, shard_lengths: dict[str, list[int]], vocab_size: int,
       data_dir=rows_dir, features=packing.features(seq_len), split_infos=split_infos,
       filename_template=packing.FILENAME_TEMPLATE, check_data=False,
       description='Packed [CLS] ... [SEP] rows of sentencepiece ids.')
-  for name in ('units', 'counts', 'tmp'):
-    shutil.rmtree(os.path.join(out, name))
+  for name in ('units', 'counts', 'tmp', 'beam'):
+    shutil.rmtree(os.path.join(out, name), ignore_errors=name == 'beam')
   os.remove(os.path.join(out, 'tokenizer.json'))  # Kept in the report.
   return counts
 
@@ -363,8 +390,10 @@ def format_report(report: dict, data_dir: str) -> str:
   """The report as a few lines for the console (report.json has it all)."""
   w = report['work']
   stages = ', '.join(f'{k} {v:.1f}s' for k, v in w['stage_seconds'].items())
+  where = (f'{w["workers"]} workers' if w.get('beam_options') is None
+           else f'Apache Beam {" ".join(w["beam_options"])}')
   lines = [f'Prepared {report["corpus"]} into {data_dir} in {w["seconds"]:.1f}s ({stages}; '
-           f'{w["workers"]} workers; reused {w["units_reused"]}/{w["units"]} units, '
+           f'{where}; reused {w["units_reused"]}/{w["units"]} units, '
            f'{w["shards_reused"]}/{w["shards"]} shards)']
   for s, st in report['splits'].items():
     lines.append(f'  {s}: {st["documents"]:,} documents, {st["tokens"]:,} tokens, '

@@ -101,8 +101,7 @@ class Tokenizer:
     'precompiled_charsmap': bytes, 'pieces': [(piece, score, kind)] in id order}, kind one of
     'normal', 'unknown', 'control', 'user_defined', 'unused', 'byte'.
     """
-    from sentencepiece import sentencepiece_model_pb2  # Only the exporter needs the proto.
-    proto = sentencepiece_model_pb2.ModelProto.FromString(self.model_proto)
+    proto = _model_proto_module().ModelProto.FromString(self.model_proto)
     kinds = {v.number: v.name.lower() for v in proto.SentencePiece.Type.DESCRIPTOR.values}
     trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
     return {
@@ -115,6 +114,28 @@ class Tokenizer:
         'precompiled_charsmap': normalizer.precompiled_charsmap,
         'pieces': [(p.piece, p.score, kinds[p.type]) for p in proto.pieces],
     }
+
+
+def _model_proto_module():
+  """The generated module of sentencepiece's ModelProto (only the exporter needs it).
+
+  sentencepiece 0.2.3 generated its copy for protobuf >= 7.36.1 and refuses an
+  older runtime at import, while Apache Beam (the .[beam] extra) needs
+  protobuf < 7. transformers ships the same message generated without that
+  check (its own tokenizer converter reads models with it).
+  """
+  from google.protobuf import runtime_version  # pylint: disable=import-outside-toplevel
+  try:
+    from sentencepiece import sentencepiece_model_pb2  # pylint: disable=import-outside-toplevel
+    return sentencepiece_model_pb2
+  except runtime_version.VersionError as e:
+    try:
+      from transformers.utils import sentencepiece_model_pb2_new  # pylint: disable=import-outside-toplevel
+    except ImportError:
+      raise ImportError(f'Reading the tokenizer model needs a protobuf runtime that '
+                        f'sentencepiece accepts ({e}), or transformers installed '
+                        "(pip install -e '.[interop]').") from e
+    return sentencepiece_model_pb2_new
 
 
 # A sentence end: '.', '!' or '?' (then closing quotes or brackets) and
