@@ -129,18 +129,30 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
              f"{est['mfu']:.0%}" if est else 'n/a']
     lines.append(f"| {r['model']} | {r['seq_len']} | {r['target']} | {r['num_devices']} | "
                  + ' | '.join(row) + ' |')
+  missing = [c for c in cells() if c not in results]
+  if missing:
+    lines += ['', f'Not computed yet ({len(missing)} of {len(cells())} cells; '
+              '`python -m mlm_jax.sizing` continues with them): ' + ', '.join(missing) + '.']
   return '\n'.join(lines) + '\n'
 
 
-def run(out: str, only: list[str]) -> None:
-  """Computes the cells still missing (or `only` those) and writes the table."""
+def run(out: str, only: list[str], compile_missing: bool = True) -> None:
+  """Computes the cells still missing (or `only` those) and writes the table.
+
+  compile_missing=False: only rewrites the table from the JSON.
+  """
   json_path = os.path.splitext(out)[0] + '.json'
   stored = json.load(open(json_path)) if os.path.exists(json_path) else {'results': {}}
   results = stored['results']
   unknown = [c for c in only if c not in cells()]
   if unknown:
     raise preflight.PreflightError(f'--only: unknown cells {unknown}; known: {", ".join(cells())}')
-  todo = only or [c for c in _compile_order() if c not in results]
+  todo = only or [c for c in _compile_order() if c not in results and compile_missing]
+  if not todo and results:
+    stored.setdefault('meta', {'date': datetime.date.today().isoformat(),
+                               'versions': _versions()})
+    with open(out, 'w') as f:
+      f.write(markdown(results, stored['meta']))
   for cell in todo:
     print(f'{cell}: compiling...', file=sys.stderr, flush=True)
     results[cell] = size_cell(cell, log=lambda s: print(s, file=sys.stderr, flush=True))
