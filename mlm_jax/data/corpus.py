@@ -174,7 +174,7 @@ class Corpus:
     """(starts_a_document, text) for every piece of every document of `unit`, in order."""
     if self.kind == 'stdlib':
       for path in unit.files:
-        for doc in _file_docstrings(path):
+        for doc in docstrings_of(path):
           yield True, doc
     elif self.kind == 'files':
       for path in unit.files:
@@ -196,7 +196,8 @@ def stdlib_files() -> list[str]:
   return files
 
 
-def _file_docstrings(path: str) -> Iterator[str]:
+def docstrings_of(path: str) -> Iterator[str]:
+  """The module, class and function docstrings of one Python file (none if it does not parse)."""
   try:
     with open(path, 'rb') as f:
       tree = ast.parse(f.read(), filename=path)
@@ -212,7 +213,7 @@ def _file_docstrings(path: str) -> Iterator[str]:
 def stdlib_docstrings() -> Iterator[str]:
   """Every module, class and function docstring of the standard library."""
   for path in stdlib_files():
-    yield from _file_docstrings(path)
+    yield from docstrings_of(path)
 
 
 # ---------------------------------------------------------------- resolving
