@@ -1,0 +1,43 @@
+"""Command line: python -m mlm_jax.finetune --workdir=PRETRAIN_DIR --out=DIR --task=TASK
+--train_data=FILE --eval_data=FILE.
+
+Fine-tunes a pretraining run's encoder with a fresh head: TASK is classify,
+pair, regress or tag (docs/finetuning.md describes the files). Any field of
+mlm_jax/finetuning/config.py can be overridden, e.g.
+--config.train.learning_rate=3e-5. Running the same command again resumes.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+from ml_collections import config_flags
+
+from mlm_jax import cli
+from mlm_jax.finetuning import config as config_lib
+from mlm_jax.finetuning import data
+from mlm_jax.finetuning import loop
+from mlm_jax.runtime import sharding
+
+_CONFIG = config_flags.DEFINE_config_dict(
+    'config', config_lib.get_config(), 'Fine-tuning settings (mlm_jax/finetuning/config.py); '
+    'override any field with --config.a.b=value.', lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'The pretraining run to start from.')
+_OUT = flags.DEFINE_string('out', None, 'Directory for the fine-tuned model, checkpoints and '
+                           'metrics.')
+_TASK = flags.DEFINE_enum('task', None, data.TASKS, 'What the head predicts.')
+_TRAIN = flags.DEFINE_string('train_data', None, 'Labelled training file (.jsonl, .csv, .tsv).')
+_EVAL = flags.DEFINE_string('eval_data', None, 'Labelled evaluation file (.jsonl, .csv, .tsv).')
+flags.mark_flags_as_required(['workdir', 'out', 'task', 'train_data', 'eval_data'])
+_COORDINATOR = flags.DEFINE_string(
+    'coordinator_address', '', 'host:port of process 0, for a run of several processes.')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', 1, 'Number of processes of the run.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', 0, "This process's index in [0, num_processes).")
+
+
+def main() -> None:
+  sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  loop.finetune(_WORKDIR.value, _OUT.value, _TASK.value, _TRAIN.value, _EVAL.value, _CONFIG.value)
+
+
+if __name__ == '__main__':
+  cli.run(main, tune_host_malloc=True, info=True)

@@ -1,0 +1,160 @@
+"""The fine-tuning config: its defaults, its checks, and the plan it resolves to for a data set.
+
+`python -m mlm_jax.finetune` runs with `get_config()` unless fields are
+overridden (`--config.train.learning_rate=3e-5`). Fields left to None (or
+0 where noted) are resolved by `plan()` once the training file and the
+pretrained model are known: the number of steps from the epochs, the
+warm-up from its fraction, the learning rate from the model's width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import ml_collections
+from ml_collections import config_dict
+
+from mlm_jax.config_check import one_of
+from mlm_jax.config_check import require
+from mlm_jax.training import step as step_lib
+
+# The peak learning rate `plan` picks for BERT-base's width (Devlin et al.
+# fine-tune at 2e-5..5e-5) ...
+BASE_LEARNING_RATE, BASE_WIDTH = 5e-5, 768
+# ... scaled by BASE_WIDTH / width for narrower models, at most this many
+# times (small BERTs fine-tune best at 1e-4..1e-3: Turc et al., 2019).
+MAX_LEARNING_RATE_SCALE = 20.0
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The defaults: 3 epochs, batch 32, AdamW with 10% warm-up then linear decay."""
+  config = ml_collections.ConfigDict()
+  # Seed of the head's initialisation, the epoch order and dropout.
+  config.seed = 0
+
+  config.data = ml_collections.ConfigDict()
+  # Pieces per row, [CLS] and [SEP]s included; None: the pretraining run's data.seq_len.
+  # Longer texts are truncated (and counted); at most the model's position table.
+  config.data.seq_len = config_dict.placeholder(int)
+
+  config.model = ml_collections.ConfigDict()
+  # Dropout in the encoder; None: the pretraining run's model.dropout_rate.
+  config.model.dropout_rate = config_dict.placeholder(float)
+  # Dropout before the classifier; None: the encoder's dropout rate (BERT's choice).
+  config.model.classifier_dropout = config_dict.placeholder(float)
+
+  config.train = ml_collections.ConfigDict()
+  # Rows per step, over all devices.
+  config.train.batch_size = 32
+  # Passes over the training file; ignored when num_steps > 0.
+  config.train.num_epochs = 3.0
+  # Steps to train; 0: num_epochs passes over the training file.
+  config.train.num_steps = 0
+  # Peak learning rate; 0: 5e-5 x 768 / hidden_size, at most 20x (1e-3 for d <= 38).
+  config.train.learning_rate = 0.0
+  # Warm-up, as a fraction of the steps.
+  config.train.warmup_fraction = 0.1
+  # After warm-up: 'linear' (decay to 0, BERT's), 'wsd' or 'one_cycle' (see training/step.py).
+  config.train.schedule = 'linear'
+  # 'wsd' only: the decay's shape and share of the steps.
+  config.train.decay_shape = 'linear'
+  config.train.decay_fraction = 0.1
+  # AdamW; weight decay skips biases and LayerNorms.
+  config.train.adam_b1 = 0.9
+  config.train.adam_b2 = 0.999
+  config.train.adam_eps = 1e-6
+  config.train.weight_decay = 0.01
+  # Clip the global gradient norm at this (0: no clipping).
+  config.train.grad_clip_norm = 1.0
+  # Log the training loss every this many steps.
+  config.train.log_every = 10
+  # Evaluate every this many steps (and at the end); 0: once per epoch.
+  config.train.eval_every = 0
+  # Save a checkpoint every this many steps (and at the end); 0: at every evaluation.
+  config.train.checkpoint_every = 0
+  # Checkpoints kept (the newest).
+  config.train.keep_checkpoints = 2
+  # Also write TensorBoard event files under OUT/tb.
+  config.train.tensorboard = True
+
+  config.eval = ml_collections.ConfigDict()
+  # Rows per evaluation batch, over all devices (the last batch is padded, never dropped).
+  config.eval.batch_size = 64
+
+  config.mesh = ml_collections.ConfigDict()
+  # Devices that split the train state (1: plain data parallelism).
+  config.mesh.fsdp = 1
+  return config
+
+
+def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
+  """ConfigError naming the first invalid field."""
+  t = config.train
+  require(config.data.seq_len is None or config.data.seq_len >= 8,
+          f'config.data.seq_len={config.data.seq_len} must be at least 8.')
+  for name in ('dropout_rate', 'classifier_dropout'):
+    value = config.model[name]
+    require(value is None or 0.0 <= value < 1.0,
+            f'config.model.{name}={value} must be in [0, 1) (or None: as pretrained).')
+  for name in ('batch_size', 'log_every', 'keep_checkpoints'):
+    require(t[name] > 0, f'config.train.{name}={t[name]} must be positive.')
+  for name in ('num_steps', 'eval_every', 'checkpoint_every'):
+    require(t[name] >= 0, f'config.train.{name}={t[name]} must be >= 0 (0: automatic).')
+  require(t.num_steps > 0 or t.num_epochs > 0,
+          f'config.train.num_epochs={t.num_epochs} must be positive when num_steps is 0.')
+  require(t.learning_rate >= 0, f'config.train.learning_rate={t.learning_rate} must be >= 0 '
+          '(0: picked from the model width).')
+  require(0.0 <= t.warmup_fraction < 1.0,
+          f'config.train.warmup_fraction={t.warmup_fraction} must be in [0, 1).')
+  one_of('train', 'schedule', t.schedule, step_lib.SCHEDULES)
+  one_of('train', 'decay_shape', t.decay_shape, step_lib.DECAY_SHAPES)
+  require(0 < t.decay_fraction <= 1,
+          f'config.train.decay_fraction={t.decay_fraction} must be in (0, 1].')
+  require(t.weight_decay >= 0, 'config.train.weight_decay must be >= 0.')
+  require(t.grad_clip_norm >= 0, 'config.train.grad_clip_norm must be >= 0 (0 disables).')
+  require(config.mesh.fsdp >= 1 and num_devices % config.mesh.fsdp == 0,
+          f'config.mesh.fsdp={config.mesh.fsdp} must divide the {num_devices} devices.')
+  for section in ('train', 'eval'):
+    batch = config[section].batch_size
+    require(batch > 0 and batch % num_devices == 0,
+            f'config.{section}.batch_size={batch} must be a positive multiple of the '
+            f'{num_devices} devices.')
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What the config resolves to for one training file and one pretrained model."""
+
+  num_steps: int
+  steps_per_epoch: int
+  warmup_steps: int
+  learning_rate: float
+  eval_every: int
+  checkpoint_every: int
+
+  def train_section(self, train: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """config.train with the resolved values: what step.make_optimizer and the schedules read."""
+    section = train.copy_and_resolve_references()
+    with section.unlocked():
+      section.num_steps, section.warmup_steps = self.num_steps, self.warmup_steps
+      section.learning_rate = self.learning_rate
+      section.eval_every, section.checkpoint_every = self.eval_every, self.checkpoint_every
+    return section
+
+
+def plan(train: ml_collections.ConfigDict, num_examples: int, hidden_size: int) -> Plan:
+  """Steps, warm-up, peak learning rate and cadence for `num_examples` training rows."""
+  steps_per_epoch = max(math.ceil(num_examples / train.batch_size), 1)
+  num_steps = train.num_steps or max(math.ceil(train.num_epochs * steps_per_epoch), 1)
+  learning_rate = train.learning_rate or default_learning_rate(hidden_size)
+  eval_every = train.eval_every or steps_per_epoch
+  return Plan(num_steps=num_steps, steps_per_epoch=steps_per_epoch,
+              warmup_steps=round(train.warmup_fraction * num_steps),
+              learning_rate=learning_rate, eval_every=eval_every,
+              checkpoint_every=train.checkpoint_every or eval_every)
+
+
+def default_learning_rate(hidden_size: int) -> float:
+  """5e-5 at BERT-base's width, larger for narrower models (3e-4 at d=128), at most 1e-3."""
+  return BASE_LEARNING_RATE * min(BASE_WIDTH / hidden_size, MAX_LEARNING_RATE_SCALE)

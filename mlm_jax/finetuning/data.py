@@ -1,0 +1,365 @@
+"""Fine-tuning data: reading labelled files, checking every row, encoding them to arrays.
+
+Files are JSON lines (.jsonl), CSV (.csv) or TSV (.tsv) with a header row.
+The fields each task reads:
+
+  classify   text, label (a string or an integer)
+  regress    text, label (a number)
+  pair       text_a, text_b (or text, text_pair), label; encoded
+             [CLS] a [SEP] b [SEP], segment 0 up to the first [SEP], 1 after
+  tag        tokens, tags: lists of equal length (JSON lines only); each word
+             is encoded on its own and its first piece carries its tag
+
+Every problem in a file (a missing or empty field, a label the training
+file does not have, a pair without a side, tag lists of other lengths, no
+rows at all) raises DataError naming the file, the line and the field, before
+anything is built; no row is skipped. Texts longer than the sequence length
+are truncated and counted (`Encoded.truncated`). Numpy only, like data/.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterator
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mlm_jax.data import corpus
+from mlm_jax.data import tokenizer as tok_lib
+
+TASKS = ('classify', 'pair', 'regress', 'tag')
+# Tasks whose output is one label per input (softmax over labels).
+CLASSIFICATION_TASKS = ('classify', 'pair')
+# Field names of a pair's two texts: the first naming a row uses wins.
+PAIR_FIELDS = (('text_a', 'text_b'), ('text', 'text_pair'))
+_FORMATS = {'.jsonl': 'jsonl', '.csv': 'csv', '.tsv': 'tsv'}
+Label = str | int
+
+
+class DataError(corpus.CorpusError):
+  """A fine-tuning file cannot be used as it is; the message names file, line and field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  """One row: where it is, its text(s) (two for pair; the words for tag) and its label."""
+
+  line: int
+  texts: tuple[str, ...]
+  # Label (classify, pair), float (regress), list of tags (tag); None: unlabelled.
+  label: Any = None
+
+
+# ------------------------------------------------------------------ reading
+
+
+def _rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+  """(line number, row as a dict) of a .jsonl, .csv or .tsv file."""
+  fmt = _FORMATS.get(os.path.splitext(path)[1].lower())
+  if fmt is None:
+    raise DataError(f'{path}: unknown format; name it .jsonl, .csv or .tsv.')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{path}: no such file.')
+  _check_utf8(path)
+  with open(path, newline='', encoding='utf-8') as f:
+    if fmt == 'jsonl':
+      for number, line in enumerate(f, start=1):
+        if line.strip():
+          yield number, _json_object(path, number, line)
+      return
+    reader = csv.DictReader(f, delimiter='\t' if fmt == 'tsv' else ',')
+    for row in reader:
+      if None in row:   # More cells than the header names: a quoting problem, most likely.
+        raise DataError(f'{path} line {reader.line_num}: {len(row) - 1 + len(row[None])} '
+                        f'cells, but the header names {len(reader.fieldnames)} columns.')
+      yield reader.line_num, row
+
+
+def _check_utf8(path: str) -> None:
+  """DataError naming the first line that is not UTF-8 (a text read fails without saying where)."""
+  with open(path, 'rb') as f:
+    for number, line in enumerate(f, start=1):
+      try:
+        line.decode('utf-8')
+      except UnicodeDecodeError as e:
+        raise DataError(f'{path} line {number}: not UTF-8 text ({e.reason} at byte {e.start} '
+                        'of the line).') from e
+
+
+def _json_object(path: str, number: int, line: str) -> dict[str, Any]:
+  try:
+    row = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise DataError(f'{path} line {number}: not valid JSON ({e.msg}).') from e
+  if not isinstance(row, dict):
+    raise DataError(f'{path} line {number}: a JSON object is needed, not {type(row).__name__}.')
+  return row
+
+
+def _field(path: str, number: int, row: dict[str, Any], name: str) -> Any:
+  """row[name], neither missing nor empty."""
+  value = row.get(name)
+  if value is None:
+    raise DataError(f'{path} line {number}: field {name!r} is missing.')
+  if (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
+    raise DataError(f'{path} line {number}: field {name!r} is empty.')
+  return value
+
+
+def _text(path: str, number: int, row: dict[str, Any], name: str) -> str:
+  value = _field(path, number, row, name)
+  if not isinstance(value, str):
+    raise DataError(f'{path} line {number}: field {name!r} must be a string, not '
+                    f'{type(value).__name__}.')
+  return value
+
+
+def _class_label(path: str, number: int, value: Any, name: str = 'label') -> Label:
+  if isinstance(value, bool) or not isinstance(value, (str, int)):
+    raise DataError(f'{path} line {number}: field {name!r} must be a string or an integer, '
+                    f'not {value!r}.')
+  if isinstance(value, str) and not value.strip():
+    raise DataError(f'{path} line {number}: field {name!r} is empty.')
+  return value.strip() if isinstance(value, str) else value
+
+
+def _number(path: str, number: int, value: Any) -> float:
+  try:
+    x = float(value) if not isinstance(value, bool) else math.nan
+  except (TypeError, ValueError):
+    x = math.nan
+  if not math.isfinite(x):
+    raise DataError(f"{path} line {number}: field 'label' must be a finite number for task "
+                    f"'regress', not {value!r}.")
+  return x
+
+
+def _pair_texts(path: str, number: int, row: dict[str, Any]) -> tuple[str, str]:
+  for first, second in PAIR_FIELDS:
+    if first in row or second in row:
+      return _text(path, number, row, first), _text(path, number, row, second)
+  raise DataError(f"{path} line {number}: fields 'text_a' and 'text_b' (or 'text' and "
+                  "'text_pair') are missing.")
+
+
+def _tag_example(path: str, number: int, row: dict[str, Any], labelled: bool) -> Example:
+  words = _field(path, number, row, 'tokens')
+  if not isinstance(words, list):
+    raise DataError(f"{path} line {number}: field 'tokens' must be a list of words.")
+  for i, word in enumerate(words):
+    if not isinstance(word, str) or not word.strip():
+      raise DataError(f"{path} line {number}: field 'tokens' item {i} must be a non-empty "
+                      f'word, not {word!r}.')
+  if not labelled:
+    return Example(number, tuple(words))
+  tags = _field(path, number, row, 'tags')
+  if not isinstance(tags, list) or len(tags) != len(words):
+    size = len(tags) if isinstance(tags, list) else type(tags).__name__
+    raise DataError(f"{path} line {number}: field 'tags' must be a list of {len(words)} tags, "
+                    f"one per item of 'tokens'; it has {size}.")
+  return Example(number, tuple(words),
+                 [_class_label(path, number, t, f'tags[{i}]') for i, t in enumerate(tags)])
+
+
+def _example(path: str, task: str, number: int, row: dict[str, Any], labelled: bool) -> Example:
+  if task == 'tag':
+    return _tag_example(path, number, row, labelled)
+  if task == 'pair':
+    texts = _pair_texts(path, number, row)
+  else:
+    texts = (_text(path, number, row, 'text'),)
+  if not labelled:
+    return Example(number, texts)
+  value = _field(path, number, row, 'label')
+  label = _number(path, number, value) if task == 'regress' else _class_label(path, number, value)
+  return Example(number, texts, label)
+
+
+def read_examples(path: str, task: str, labelled: bool = True) -> list[Example]:
+  """Every row of `path` as an Example; DataError for the first bad row or an empty file."""
+  if task not in TASKS:
+    raise DataError(f'unknown task {task!r}: use {", ".join(TASKS)}.')
+  if task == 'tag' and not path.lower().endswith('.jsonl'):
+    raise DataError(f"{path}: task 'tag' reads JSON lines (.jsonl) with 'tokens' and 'tags' "
+                    'lists.')
+  examples = [_example(path, task, number, row, labelled) for number, row in _rows(path)]
+  if not examples:
+    raise DataError(f'{path} holds no examples.')
+  return examples
+
+
+# ------------------------------------------------------------------- labels
+
+
+def _label_key(label: Label) -> tuple[bool, Any]:
+  return isinstance(label, str), label   # Integers first, in order; then strings.
+
+
+def infer_labels(examples: Sequence[Example], task: str) -> list[Label] | None:
+  """The sorted labels (tags) of a training file; None for 'regress'."""
+  if task == 'regress':
+    return None
+  seen = {t for e in examples for t in e.label} if task == 'tag' else {e.label for e in examples}
+  return sorted(seen, key=_label_key)
+
+
+def check_labels(examples: Sequence[Example], labels: Sequence[Label] | None, task: str,
+                 path: str) -> None:
+  """DataError for the first label (tag) of `path` that `labels` (the training file's) lacks."""
+  if labels is None:
+    return
+  known = set(labels)
+  for e in examples:
+    values = enumerate(e.label) if task == 'tag' else [(None, e.label)]
+    for i, value in values:
+      if value not in known:
+        name = 'label' if i is None else f'tags[{i}]'
+        raise DataError(f'{path} line {e.line}: field {name!r} is {value!r}, which the '
+                        f'training file does not have (it has {list(labels)}).')
+
+
+# ----------------------------------------------------------------- encoding
+
+
+@dataclasses.dataclass
+class Encoded:
+  """A file's rows as arrays of one sequence length T (N rows).
+
+  input_ids, segment_ids, attention_mask [N, T] int32; targets [N] (int32
+  label index, or float32 for regress) or [N, T] int32 (tag: the tag index at
+  each word's first piece); weights [N] or [N, T] float32 (0: no target).
+  word_starts: tag only, each row's position of each word's first piece (-1:
+  cut off by truncation). truncated: rows longer than T, cut to fit.
+  """
+
+  input_ids: np.ndarray
+  segment_ids: np.ndarray
+  attention_mask: np.ndarray
+  targets: np.ndarray
+  weights: np.ndarray
+  truncated: int
+  word_starts: list[np.ndarray] | None = None
+
+  def __len__(self) -> int:
+    return len(self.input_ids)
+
+  def arrays(self) -> dict[str, np.ndarray]:
+    return {'input_ids': self.input_ids, 'segment_ids': self.segment_ids,
+            'attention_mask': self.attention_mask, 'targets': self.targets,
+            'weights': self.weights}
+
+
+def _pair_lengths(a: int, b: int, budget: int) -> tuple[int, int]:
+  """Pieces kept of a pair's texts: the longer is cut first (Hugging Face's 'longest_first')."""
+  if a + b <= budget:
+    return a, b
+  short = min(a, b)
+  if short <= budget // 2:
+    return (a, budget - a) if a == short else (budget - b, b)
+  return budget - budget // 2, budget // 2   # Both cut; a tie takes from the second first.
+
+
+def _sequence_rows(pieces: Sequence[Sequence[Sequence[int]]],
+                   seq_len: int) -> tuple[np.ndarray, np.ndarray, int]:
+  """Each row's texts (1 or 2 lists of ids) -> ([N, T] ids, [N, T] segments, rows truncated)."""
+  ids = np.full((len(pieces), seq_len), tok_lib.PAD_ID, np.int32)
+  segments = np.zeros((len(pieces), seq_len), np.int32)
+  truncated = 0
+  for r, texts in enumerate(pieces):
+    if len(texts) == 1:
+      keep = (min(len(texts[0]), seq_len - 2),)
+    else:
+      keep = _pair_lengths(len(texts[0]), len(texts[1]), seq_len - 3)
+    truncated += any(k < len(t) for k, t in zip(keep, texts))
+    row = [tok_lib.CLS_ID, *texts[0][:keep[0]], tok_lib.SEP_ID]
+    if len(texts) == 2:   # Segment 1: the second text and its [SEP].
+      second = len(row)
+      row += [*texts[1][:keep[1]], tok_lib.SEP_ID]
+      segments[r, second:len(row)] = 1
+    ids[r, :len(row)] = row
+  return ids, segments, truncated
+
+
+def _tag_rows(words: Sequence[Sequence[Sequence[int]]], tags: Sequence[np.ndarray] | None,
+              seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int]:
+  """Each row's words (as ids) -> ids, targets, weights [N, T], word starts, rows truncated."""
+  n = len(words)
+  ids = np.full((n, seq_len), tok_lib.PAD_ID, np.int32)
+  targets = np.zeros((n, seq_len), np.int32)
+  weights = np.zeros((n, seq_len), np.float32)
+  starts, truncated = [], 0
+  for r, row_words in enumerate(words):
+    lengths = np.array([len(w) for w in row_words])
+    first = 1 + np.concatenate([[0], np.cumsum(lengths)[:-1]])       # Position of each word.
+    flat = [i for w in row_words for i in w][:seq_len - 2]
+    ids[r, :len(flat) + 2] = [tok_lib.CLS_ID, *flat, tok_lib.SEP_ID]
+    kept = first <= len(flat)
+    truncated += len(flat) < lengths.sum()
+    starts.append(np.where(kept, first, -1))
+    if tags is not None:
+      targets[r, first[kept]] = tags[r][kept]
+      weights[r, first[kept]] = 1.0
+  return ids, targets, weights, starts, truncated
+
+
+def encode(examples: Sequence[Example], task: str, tokenizer: tok_lib.Tokenizer, seq_len: int,
+           labels: Sequence[Label] | None = None, path: str = '') -> Encoded:
+  """Examples -> arrays of length `seq_len` ([CLS] ... [SEP] (b [SEP])); targets when labelled.
+
+  `labels`: the training file's labels (their index is the target); None
+  for regress and for unlabelled examples. `path`: the file, for messages.
+  """
+  index = {label: i for i, label in enumerate(labels or ())}
+  labelled = bool(examples) and examples[0].label is not None
+  if task == 'tag':
+    words = _encode_nested(tokenizer, [e.texts for e in examples])
+    _check_words(examples, words, path)
+    tags = [np.array([index[t] for t in e.label], np.int32) for e in examples] if labelled else None
+    ids, targets, weights, starts, truncated = _tag_rows(words, tags, seq_len)
+    return Encoded(ids, np.zeros_like(ids), (ids != tok_lib.PAD_ID).astype(np.int32), targets,
+                   weights, truncated, starts)
+  pieces = _encode_nested(tokenizer, [e.texts for e in examples])
+  ids, segments, truncated = _sequence_rows(pieces, seq_len)
+  if not labelled:
+    targets = np.zeros(len(examples), np.float32 if task == 'regress' else np.int32)
+  elif task == 'regress':
+    targets = np.array([e.label for e in examples], np.float32)
+  else:
+    targets = np.array([index[e.label] for e in examples], np.int32)
+  return Encoded(ids, segments, (ids != tok_lib.PAD_ID).astype(np.int32), targets,
+                 np.full(len(examples), float(labelled), np.float32), truncated)
+
+
+def _check_words(examples: Sequence[Example], words: Sequence[Sequence[Sequence[int]]],
+                 path: str) -> None:
+  """DataError for a word the tokenizer turns into no piece at all (it could carry no tag)."""
+  for e, row in zip(examples, words):
+    for i, ids in enumerate(row):
+      if not ids:
+        raise DataError(f"{path} line {e.line}: field 'tokens' item {i} ({e.texts[i]!r}) "
+                        'has no piece in the tokenizer.')
+
+
+def _encode_nested(tokenizer: tok_lib.Tokenizer,
+                   groups: Sequence[Sequence[str]]) -> list[list[list[int]]]:
+  """Ids of every text of every group, in one call to the tokenizer."""
+  flat = tokenizer.encode([tok_lib.sanitize(t) for g in groups for t in g])
+  out, i = [], 0
+  for g in groups:
+    out.append(flat[i:i + len(g)])
+    i += len(g)
+  return out
+
+
+def describe_truncation(encoded: Encoded, path: str, seq_len: int) -> str:
+  """'' or the line that says how many rows of `path` were cut to `seq_len` pieces."""
+  if not encoded.truncated:
+    return ''
+  return (f'{path}: {encoded.truncated} of {len(encoded)} rows are longer than seq_len={seq_len} '
+          'pieces and were truncated (raise --config.data.seq_len to keep more).')

@@ -1,0 +1,101 @@
+"""Export of a fine-tuned model as a Hugging Face sequence or token classifier.
+
+  task classify, pair, regress   BertForSequenceClassification or
+                                 ModernBertForSequenceClassification
+  task tag                       BertForTokenClassification or
+                                 ModernBertForTokenClassification
+
+The encoder's tensors are named and laid out as the pretraining export
+writes them (interop/hf.py and interop/modernbert.py, whose layouts this
+reuses); the head adds, in Hugging Face's names:
+
+  ours                                Hugging Face
+  head/pooler/{kernel, bias}          bert.pooler.dense.{weight, bias}   (BERT, sequence)
+  head/transform/kernel               head.dense.weight                  (ModernBERT)
+  head/layer_norm/scale               head.norm.weight                   (ModernBERT)
+  head/classifier/{kernel, bias}      classifier.{weight, bias}
+
+config.json carries id2label / label2id (the labels as strings, in the
+order of the logits), problem_type, and for ModernBERT classifier_pooling
+'cls'. A tag model's logits cover every piece; ours are read at each word's
+first piece. Needs the interop extra (safetensors, tokenizers), not torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from mlm_jax import model as model_lib
+from mlm_jax.finetuning import model_dir
+from mlm_jax.interop import hf
+from mlm_jax.interop.layout import Tensor
+from mlm_jax.interop.layout import get_path
+
+# (variant, per token) -> the transformers class an export loads as.
+ARCHITECTURES = {('bert', False): 'BertForSequenceClassification',
+                 ('bert', True): 'BertForTokenClassification',
+                 ('modern', False): 'ModernBertForSequenceClassification',
+                 ('modern', True): 'ModernBertForTokenClassification'}
+
+
+def head_layout(cfg: model_lib.ModelConfig, per_token: bool, num_outputs: int) -> list[Tensor]:
+  """The head's tensors in the Hugging Face class of (cfg.variant, per_token)."""
+  d, k = cfg.hidden_size, num_outputs
+  out = []
+  if cfg.variant == 'modern':
+    out += [Tensor('head.dense.weight', ('head', 'transform', 'kernel'), (d, d), (d, d), True),
+            Tensor('head.norm.weight', ('head', 'layer_norm', 'scale'), (d,), (d,))]
+  elif not per_token:
+    out += [Tensor('bert.pooler.dense.weight', ('head', 'pooler', 'kernel'), (d, d), (d, d), True),
+            Tensor('bert.pooler.dense.bias', ('head', 'pooler', 'bias'), (d,), (d,))]
+  return out + [Tensor('classifier.weight', ('head', 'classifier', 'kernel'), (k, d), (d, k), True),
+                Tensor('classifier.bias', ('head', 'classifier', 'bias'), (k,), (k,))]
+
+
+def to_hf_state_dict(params: dict[str, Any], cfg: model_lib.ModelConfig, per_token: bool,
+                     num_outputs: int) -> dict[str, np.ndarray]:
+  """Our fine-tuned params -> the Hugging Face class's tensors (float32, no vocabulary padding)."""
+  if cfg.scan_layers:
+    params = model_lib.unstack_layers(params, cfg.num_layers)
+  encoder = [t for t in hf.FORMATS[cfg.variant].layout(cfg) if t.path[0] == 'encoder']
+  out = {}
+  for t in encoder + head_layout(cfg, per_token, num_outputs):
+    x = np.asarray(get_path(params, t.path), np.float32)
+    out[t.hf_name] = t.to_hf(x[:t.shape[0]])   # Only the token table has rows past t.shape.
+  return out
+
+
+def to_hf_config(model: model_dir.FineTunedModel) -> dict[str, Any]:
+  """The config.json of the export: the encoder's, with the head's class, labels and dropout."""
+  cfg, per_token = model.model_cfg, model.task == 'tag'
+  names = [str(label) for label in model.labels] if model.labels else ['value']
+  config = hf.to_hf_config(cfg) | {
+      'architectures': [ARCHITECTURES[cfg.variant, per_token]],
+      'id2label': dict(enumerate(names)), 'label2id': {n: i for i, n in enumerate(names)},
+      'problem_type': 'regression' if model.task == 'regress' else 'single_label_classification',
+      'classifier_dropout': model.classifier_dropout}
+  if cfg.variant == 'modern':
+    config['classifier_pooling'] = 'cls'
+  return config
+
+
+def export(model_path: str, out_dir: str, step: int | None = None) -> model_dir.FineTunedModel:
+  """Writes the Hugging Face directory `out_dir` of a fine-tuning output; returns the model."""
+  numpy_io = hf.require('safetensors.numpy')
+  hf.require('tokenizers')   # Fail before any work, naming the extra to install.
+  model = model_dir.load(model_path, step)
+  tensors = to_hf_state_dict(model.params, model.model_cfg, model.task == 'tag',
+                             len(model.labels or [0]))
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, 'config.json'), 'w') as f:
+    json.dump(to_hf_config(model), f, indent=2)
+  # transformers refuses safetensors files without format metadata.
+  numpy_io.save_file(tensors, os.path.join(out_dir, 'model.safetensors'),
+                     metadata={'format': 'pt'})
+  hf.save_tokenizer(out_dir, model.tokenizer, model.model_cfg.max_position_embeddings,
+                    model.model_cfg.variant)
+  return model

@@ -1,0 +1,209 @@
+"""The fine-tuning driver: read and check the data -> build -> resume -> loop -> final evaluation.
+
+`finetune(...)` reads top to bottom like pretraining's loop (training/loop.py)
+and reuses its parts: the mesh and host-to-device boundary (runtime/), the
+optimizer and schedules (training/step.py), Orbax checkpoints, metrics.jsonl
+and TensorBoard, stopping on a signal. Every file is read and checked before
+anything is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Any
+
+import jax
+import ml_collections
+from absl import logging
+
+from mlm_jax import model as model_lib
+from mlm_jax.config_check import require
+from mlm_jax.finetuning import batches as batches_lib
+from mlm_jax.finetuning import config as config_lib
+from mlm_jax.finetuning import data as data_lib
+from mlm_jax.finetuning import evaluate as evaluate_lib
+from mlm_jax.finetuning import model_dir
+from mlm_jax.finetuning import report as report_lib
+from mlm_jax.finetuning import scores
+from mlm_jax.finetuning import step as step_lib
+from mlm_jax.runtime import sharding
+from mlm_jax.training import checkpoint
+from mlm_jax.training import feed as feed_lib
+from mlm_jax.training import metrics
+from mlm_jax.training import preemption
+from mlm_jax.training import workdir as workdir_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskData:
+  """A task's checked and encoded files, and the labels of its training file."""
+
+  train: data_lib.Encoded
+  eval: data_lib.Encoded
+  labels: list | None
+  seq_len: int
+
+
+def finetune(workdir: str, out_dir: str, task: str, train_path: str, eval_path: str,
+             config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Fine-tunes the pretraining run in `workdir` on `train_path` into `out_dir` (resuming there).
+
+  Evaluates on `eval_path` every config.train.eval_every steps and at the
+  end; returns the last evaluation's scores with the step reached.
+  """
+  start_time, is_main = time.perf_counter(), jax.process_index() == 0
+  out_dir = os.path.abspath(out_dir)
+  config_lib.check_config(config, jax.device_count())
+  # --------------------------------------------------- pretrained run, data
+  run = workdir_lib.load(workdir)
+  data = read_task_data(task, train_path, eval_path, run, config.data.seq_len)
+  model_cfg, model_section = _model_config(run, config)
+  classifier_dropout = _value_or(config.model.classifier_dropout, model_cfg.dropout_rate)
+  record = model_dir.model_record(task, data.labels, data.seq_len, model_cfg, model_section,
+                                  classifier_dropout, run.workdir, run.step)
+  model_dir.check_resumable(out_dir, record)
+  plan = config_lib.plan(config.train, len(data.train), model_cfg.hidden_size)
+  train = plan.train_section(config.train)
+  # ----------------------------------------------------------------- build
+  mesh = sharding.make_mesh(config.mesh.fsdp)
+  model_cfg = dataclasses.replace(model_cfg, batch_sharding=sharding.batch_sharding(mesh))
+  built = step_lib.build(model_cfg, task, record['num_outputs'], classifier_dropout, train,
+                         data.seq_len, config.seed, mesh)
+  # ---------------------------------------------------------------- resume
+  checkpointer = checkpoint.Checkpointer(model_dir.checkpoint_dir(out_dir), train)
+  meta = model_dir.checkpoint_meta(model_cfg, record)
+  state, start_step = _resume(built, checkpointer, meta, run)
+  resolved = _resolved_config(config, plan, data)
+  if is_main:
+    model_dir.write(out_dir, record, resolved, run.tokenizer)
+  logging.info('Fine-tuning %s (%s, %d labels) from %s step %d: %d steps of %d rows, peak '
+               'learning rate %.3g', task, model_cfg.variant, record['num_outputs'], run.workdir,
+               run.step, plan.num_steps, train.batch_size, plan.learning_rate)
+  # ------------------------------------------------------------------ loop
+  host_batches = batches_lib.TrainBatches(
+      data.train.arrays(), train.batch_size, config.seed, start_step=start_step,
+      process_index=jax.process_index(), process_count=jax.process_count())
+  feed = feed_lib.DeviceFeed(host_batches, mesh)
+  log = report_lib.FinetuneLog(
+      metrics.MetricsWriter(out_dir, enabled=is_main, tensorboard=train.tensorboard,
+                            hparams=resolved, start_step=start_step),
+      start_step=start_step, num_steps=plan.num_steps, show=is_main,
+      checkpoint_dir=checkpointer.directory)
+  evaluate = functools.partial(_evaluate, built.eval_step, task=task, data=data,
+                               batch_size=config.eval.batch_size, mesh=mesh)
+  stop = preemption.StopRequest(multi_process=jax.process_count() > 1)
+  step, last_eval, stopping = start_step, {}, False
+  try:
+    with stop:
+      while step < plan.num_steps and not stopping:
+        state, step_metrics = built.train_step(state, feed.pop(), built.dropout_rng)
+        feed.fill()  # The next batch goes to the devices while this step runs.
+        step += 1
+        stop.poll(step)
+        stopping = stop.requested
+        log.add(step_metrics)
+        if step == start_step + 1:
+          log.restart()   # The first step compiles: keep it out of the speed.
+        final = step == plan.num_steps or stopping
+        if final or step % train.log_every == 0:
+          log.write(step)
+        if step == plan.num_steps or step % plan.eval_every == 0:
+          last_eval = evaluate(state)
+          log.write_eval(step, last_eval)
+        if final or checkpointer.should_save(step):
+          checkpointer.save(step, state, meta, force=final)
+  finally:
+    log.close()
+    checkpointer.wait()
+    checkpointer.close()
+  if stopping:
+    logging.warning('Stopped by %s at step %d; checkpoint saved. Run the same command to '
+                    'resume.', stop.signal_name, step)
+  elif not last_eval:   # Already finished earlier: evaluate what the directory holds.
+    last_eval = evaluate(state)
+    if is_main:
+      print(f'(already at step {step}) ' + scores.describe(step, last_eval),
+            flush=True)
+  return {'step': step, 'wall_time_s': time.perf_counter() - start_time,
+          **{f'eval_{k}': v for k, v in last_eval.items()}}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def read_task_data(task: str, train_path: str, eval_path: str,
+                   run: workdir_lib.TrainedRun, seq_len: int | None) -> TaskData:
+  """Both files read, checked and encoded (DataError for the first bad row); truncation logged."""
+  if task not in data_lib.TASKS:
+    raise data_lib.DataError(f'unknown task {task!r}: use {", ".join(data_lib.TASKS)}.')
+  seq_len = seq_len or run.config.data.seq_len
+  limit = run.model_cfg.max_position_embeddings
+  require(seq_len <= limit, f'config.data.seq_len={seq_len} exceeds the position table of the '
+          f'pretrained model ({limit} positions).')
+  train_examples = data_lib.read_examples(train_path, task)
+  labels = data_lib.infer_labels(train_examples, task)
+  eval_examples = data_lib.read_examples(eval_path, task)
+  data_lib.check_labels(eval_examples, labels, task, eval_path)
+  if labels is not None and len(labels) < 2:
+    raise data_lib.DataError(f'{train_path}: every row has the label {labels[0]!r}; a '
+                             'classifier needs at least two.')
+  encoded = {}
+  for name, path, examples in (('train', train_path, train_examples),
+                               ('eval', eval_path, eval_examples)):
+    encoded[name] = data_lib.encode(examples, task, run.tokenizer, seq_len, labels, path)
+    message = data_lib.describe_truncation(encoded[name], path, seq_len)
+    if message:
+      logging.warning('%s', message)
+  return TaskData(encoded['train'], encoded['eval'], labels, seq_len)
+
+
+def _resume(built: step_lib.Built, checkpointer: checkpoint.Checkpointer, meta: dict[str, Any],
+            run: workdir_lib.TrainedRun) -> tuple[Any, int]:
+  """(state, step): the latest checkpoint in the output directory, else the pretrained encoder."""
+  state = built.init_state()   # Made under jit straight into its sharding.
+  start_step = checkpointer.latest_step() or 0
+  if start_step:
+    state = checkpointer.restore(start_step, state, meta)
+    logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
+  else:
+    state = step_lib.with_pretrained(state, run.params, f'{run.workdir} step {run.step}')
+  return state, start_step
+
+
+def _resolved_config(config: ml_collections.ConfigDict, plan: config_lib.Plan,
+                     data: TaskData) -> dict[str, Any]:
+  """The config as a dict, with what it resolved to for these files on this machine."""
+  return config.to_dict() | {'resolved': dataclasses.asdict(plan) | {
+      'seq_len': data.seq_len, 'train_rows': len(data.train), 'eval_rows': len(data.eval),
+      'train_truncated': data.train.truncated, 'eval_truncated': data.eval.truncated,
+      'num_devices': jax.device_count(), 'backend': jax.default_backend()}}
+
+
+def _evaluate(eval_step: Any, state: Any, *, task: str, data: TaskData, batch_size: int,
+              mesh) -> dict[str, Any]:
+  """Loss and scores of the eval file (see evaluate.score)."""
+  logits = evaluate_lib.all_logits(lambda batch: eval_step(state, batch), data.eval, batch_size,
+                                   mesh)
+  return evaluate_lib.score(task, logits, data.eval, data.labels)
+
+
+def _value_or(value: float | None, default: float) -> float:
+  return default if value is None else value
+
+
+def _model_config(run: workdir_lib.TrainedRun, config: ml_collections.ConfigDict
+                  ) -> tuple[model_lib.ModelConfig, dict[str, Any]]:
+  """The encoder's ModelConfig for fine-tuning here, and the config.model section it records."""
+  section = run.config.model.to_dict()
+  section['dropout_rate'] = _value_or(config.model.dropout_rate, section['dropout_rate'])
+  platform = jax.devices()[0].platform
+  dtype = model_lib.compute_dtype(section['dtype'], platform)
+  attention = model_lib.resolve_attention(section['attention'], platform, dtype,
+                                          section['attention_dropout_rate'])
+  cfg = model_dir.model_config({'model': section, 'vocab_size': run.model_cfg.vocab_size,
+                                'padded_vocab_size': run.model_cfg.padded_vocab_size},
+                               dtype, attention=attention, sentence_pair_head=False)
+  return cfg, section

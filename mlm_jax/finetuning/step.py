@@ -1,0 +1,150 @@
+"""Fine-tuning's model, state and pure steps, built as training/build.py builds pretraining's.
+
+The loss is `sum(w * loss) / sum(w)` over the whole global batch (rows for
+sequence tasks, labelled word starts for tag): cross-entropy for
+classify/pair/tag, squared error for regress. The train step is
+`(state, batch, rng) -> (state, metrics)` with `fold_in(rng, state.step)`
+inside and the state donated; the eval step returns the logits, which the
+host scores (metrics.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from mlm_jax import model as model_lib
+from mlm_jax.finetuning import heads
+from mlm_jax.runtime import sharding
+from mlm_jax.training import checkpoint
+from mlm_jax.training import step as step_lib
+
+Array = jax.Array
+Batch = dict[str, Array]
+
+
+def batch_spec(task: str, batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """input_ids, segment_ids, attention_mask [B, T] int32; targets, weights [B] or [B, T] (tag)."""
+  b, t = batch_size, seq_len
+  target_shape = (b, t) if task == 'tag' else (b,)
+  return {'input_ids': jax.ShapeDtypeStruct((b, t), jnp.int32),
+          'segment_ids': jax.ShapeDtypeStruct((b, t), jnp.int32),
+          'attention_mask': jax.ShapeDtypeStruct((b, t), jnp.int32),
+          'targets': jax.ShapeDtypeStruct(target_shape,
+                                          jnp.float32 if task == 'regress' else jnp.int32),
+          'weights': jax.ShapeDtypeStruct(target_shape, jnp.float32)}
+
+
+def loss_terms(task: str, logits: Array, batch: Batch) -> dict[str, Array]:
+  """logits [B, K] or [B, T, K] -> sums over the batch (the caller divides by weight_sum)."""
+  weights = batch['weights']
+  if task == 'regress':
+    error = logits[:, 0] - batch['targets']
+    return {'loss_sum': jnp.sum(weights * error ** 2), 'weight_sum': jnp.sum(weights)}
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
+  correct = (jnp.argmax(logits, -1) == batch['targets']).astype(jnp.float32)
+  return {'loss_sum': jnp.sum(weights * ce), 'correct_sum': jnp.sum(weights * correct),
+          'weight_sum': jnp.sum(weights)}
+
+
+def make_train_step(task: str, schedule: optax.Schedule) -> Callable:
+  """Returns train_step(state, batch, rng) -> (state, metrics); jit it with donation."""
+
+  def train_step(state: step_lib.TrainState, batch: Batch, rng: Array):
+    dropout_rng = jax.random.fold_in(rng, state.step)
+    denom = jnp.maximum(jnp.sum(batch['weights']), 1.0)    # Global: the batch is sharded.
+
+    def loss_fn(params):
+      logits = state.apply_fn({'params': params}, batch, deterministic=False,
+                              rngs={'dropout': dropout_rng})
+      terms = loss_terms(task, logits, batch)
+      return terms['loss_sum'] / denom, terms
+
+    grads, terms = jax.grad(loss_fn, has_aux=True)(state.params)
+    metrics = {**terms, 'loss': terms['loss_sum'] / denom,
+               'learning_rate': schedule(state.step), 'grad_norm': optax.tree.norm(grads),
+               'num_tokens': jnp.sum(batch['attention_mask'])}
+    return state.apply_gradients(grads=grads), metrics
+
+  return train_step
+
+
+def make_eval_step() -> Callable:
+  """Returns eval_step(state, batch) -> logits [B, K] or [B, T, K], float32."""
+
+  def eval_step(state: step_lib.TrainState, batch: Batch) -> Array:
+    return state.apply_fn({'params': state.params}, batch, deterministic=True)
+
+  return eval_step
+
+
+def fine_tuned_model(cfg: model_lib.ModelConfig, task: str, num_outputs: int,
+                     classifier_dropout: float) -> heads.FineTuned:
+  return heads.FineTuned(cfg, num_outputs, per_token=task == 'tag',
+                         classifier_dropout=classifier_dropout)
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+  """The fine-tuned model's config, its state's layout and the jitted steps (nothing allocated)."""
+
+  model_cfg: model_lib.ModelConfig
+  abstract_state: step_lib.TrainState
+  train_step: Any   # (state, batch, rng) -> (state, metrics); donates the state.
+  eval_step: Any    # (state, batch) -> logits, replicated.
+  dropout_rng: jax.Array
+  init_state: Callable[[], step_lib.TrainState]   # Fresh head, random encoder; in its sharding.
+
+
+def build(model_cfg: model_lib.ModelConfig, task: str, num_outputs: int,
+          classifier_dropout: float, train: ml_collections.ConfigDict, seq_len: int,
+          seed: int, mesh) -> Built:
+  """The model, optimizer, state shardings and jitted steps on `mesh` (`train` resolved)."""
+  model = fine_tuned_model(model_cfg, task, num_outputs, classifier_dropout)
+  tx = step_lib.make_optimizer(train)
+  init_rng, dropout_rng = jax.random.split(jax.random.key(seed))
+  example = {k: jnp.ones(x.shape, x.dtype) for k, x in batch_spec(task, 1, seq_len).items()}
+  abstract, state_sh, init = step_lib.sharded_state_init(model, tx, init_rng, example, mesh)
+  repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+  train_step = jax.jit(make_train_step(task, step_lib.learning_rate_schedule(train)),
+                       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
+                       donate_argnums=0)
+  eval_step = jax.jit(make_eval_step(), in_shardings=(state_sh, batch_sh), out_shardings=repl)
+  return Built(model_cfg, abstract, train_step, eval_step, dropout_rng, init)
+
+
+def with_pretrained(state: step_lib.TrainState, pretrained: dict[str, Any],
+                    where: str) -> step_lib.TrainState:
+  """`state` with the pretrained encoder (host arrays) in place of its random one.
+
+  A BERT pooler starts from the pretraining run's sentence-pair pooler when
+  it had one (as Hugging Face does from BertForPreTraining). Each array lands
+  on the sharding of the one it replaces.
+  """
+  params = flax.core.unfreeze(state.params)
+  theirs, ours = pretrained['encoder'], params['encoder']
+  if jax.tree_util.tree_structure(theirs) != jax.tree_util.tree_structure(ours):
+    raise checkpoint.CheckpointMismatchError(
+        f'the encoder of {where} does not have the layout this model builds from its config.')
+  params['encoder'] = _placed_like(ours, theirs)
+  pooler = pretrained.get('sentence_pair', {}).get('pooler')
+  if pooler is not None and 'pooler' in params['head']:
+    params['head']['pooler'] = _placed_like(params['head']['pooler'], pooler)
+  return state.replace(params=params)
+
+
+def _placed_like(old: Any, new: Any) -> Any:
+  def place(a, b):
+    if a.shape != np.shape(b):
+      raise checkpoint.CheckpointMismatchError(
+          f'pretrained tensor of shape {np.shape(b)} where the model has {a.shape}.')
+    return jax.device_put(np.asarray(b, a.dtype), a.sharding)
+  return jax.tree_util.tree_map(place, old, new)

@@ -1,0 +1,383 @@
+"""Fine-tuning end to end on tiny runs: it learns, resumes, refuses bad input, predicts."""
+
+import json
+import os
+import re
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from mlm_jax.finetuning import config as config_lib
+from mlm_jax.finetuning import data as data_lib
+from mlm_jax.finetuning import loop
+from mlm_jax.finetuning import model_dir
+from mlm_jax.finetuning import predict as predict_lib
+from mlm_jax.finetuning import scores
+from mlm_jax.training import loop as trainer
+from tests.conftest import micro_config
+
+# Words the stdlib-docstring tokenizer knows; MARKER decides the label.
+WORDS = ('the', 'file', 'returns', 'list', 'value', 'string', 'object', 'function', 'name',
+         'type', 'data', 'module', 'class', 'default', 'path', 'number')
+MARKER = 'error'
+
+
+def _sentences(rng: np.random.Generator, n: int) -> tuple[list[list[str]], list[bool]]:
+  """Random word sequences, half of them holding MARKER at a random place."""
+  out, has = [], []
+  for i in range(n):
+    words = list(rng.choice(WORDS, rng.integers(4, 10)))
+    if i % 2:
+      words.insert(int(rng.integers(0, len(words) + 1)), MARKER)
+    out.append(words)
+    has.append(bool(i % 2))
+  return out, has
+
+
+def _write_jsonl(path, rows) -> str:
+  with open(path, 'w') as f:
+    f.writelines(json.dumps(row) + '\n' for row in rows)
+  return str(path)
+
+
+def _classify_rows(seed: int, n: int) -> list[dict]:
+  sentences, has = _sentences(np.random.default_rng(seed), n)
+  return [{'text': ' '.join(s), 'label': 'yes' if h else 'no'} for s, h in zip(sentences, has)]
+
+
+def _tag_rows(seed: int, n: int) -> list[dict]:
+  """Tag MARKER 'B-ERR' and every other word 'O'."""
+  sentences, _ = _sentences(np.random.default_rng(seed), n)
+  return [{'tokens': s, 'tags': ['B-ERR' if w == MARKER else 'O' for w in s]} for s in sentences]
+
+
+@pytest.fixture(scope='module')
+def pretrained(prepared, corpus_glob, tmp_path_factory):
+  """A micro BERT pretraining run (8 steps): its workdir."""
+  config = micro_config(corpus_glob, prepared[0].data.data_dir)
+  workdir = str(tmp_path_factory.mktemp('pretrained'))
+  trainer.train_and_evaluate(config, workdir)
+  return workdir
+
+
+def _config(**train):
+  config = config_lib.get_config()
+  config.train.batch_size = 32
+  config.eval.batch_size = 32
+  config.train.log_every = 20
+  for k, v in train.items():
+    config.train[k] = v
+  return config
+
+
+@pytest.fixture(scope='module')
+def classify_files(tmp_path_factory):
+  d = tmp_path_factory.mktemp('classify')
+  return (_write_jsonl(d / 'train.jsonl', _classify_rows(0, 256)),
+          _write_jsonl(d / 'eval.jsonl', _classify_rows(1, 64)))
+
+
+@pytest.fixture(scope='module')
+def classified(pretrained, classify_files, tmp_path_factory):
+  """The micro run fine-tuned to tell sentences with MARKER: (out dir, result)."""
+  out = str(tmp_path_factory.mktemp('classified'))
+  result = loop.finetune(pretrained, out, 'classify', *classify_files,
+                         _config(num_epochs=12.0, eval_every=48))
+  return out, result
+
+
+def test_classifier_learns_a_word_it_must_find(classified):
+  out, result = classified
+  assert result['step'] == 96    # 12 epochs of 256 rows in batches of 32.
+  assert result['eval_accuracy'] >= 0.95, result
+  assert result['eval_mcc'] >= 0.9, result
+  with open(os.path.join(out, 'labels.json')) as f:
+    assert json.load(f) == ['no', 'yes']
+  with open(os.path.join(out, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  assert [r['step'] for r in records if 'eval_accuracy' in r] == [48, 96]
+  assert os.listdir(os.path.join(out, 'tb'))
+
+
+def test_rerun_resumes_from_the_last_checkpoint_identically(pretrained, classified,
+                                                            classify_files, tmp_path):
+  out, result = classified
+  copy = str(tmp_path / 'resumed')
+  shutil.copytree(out, copy)
+  shutil.rmtree(os.path.join(copy, 'checkpoints', '96'))   # As if stopped after step 48.
+  again = loop.finetune(pretrained, copy, 'classify', *classify_files,
+                        _config(num_epochs=12.0, eval_every=48))
+  assert again['step'] == 96
+  with open(os.path.join(copy, 'metrics.jsonl')) as f:
+    steps = [json.loads(line)['step'] for line in f]
+  assert steps[-3:] == [80, 96, 96]     # Train records after 48, then the final evaluation.
+  ours, theirs = model_dir.load(out), model_dir.load(copy)
+  for a, b in zip(jax.tree_util.tree_leaves(ours.params), jax.tree_util.tree_leaves(theirs.params)):
+    np.testing.assert_array_equal(a, b)
+  assert again['eval_accuracy'] == result['eval_accuracy']
+
+
+def test_predict_writes_a_label_and_probabilities_per_row(classified, tmp_path):
+  out, result = classified
+  rows = _classify_rows(1, 64)
+  data = _write_jsonl(tmp_path / 'unlabelled.jsonl', [{'text': r['text']} for r in rows])
+  written = str(tmp_path / 'predictions.jsonl')
+  assert predict_lib.predict(out, data, written) == 64
+  with open(written) as f:
+    predictions = [json.loads(line) for line in f]
+  assert [p['line'] for p in predictions] == list(range(1, 65))
+  for p in predictions:
+    assert set(p['probabilities']) == {'no', 'yes'}
+    assert abs(sum(p['probabilities'].values()) - 1) < 1e-5
+    assert p['label'] == max(p['probabilities'], key=p['probabilities'].get)
+  accuracy = np.mean([p['label'] == r['label'] for p, r in zip(predictions, rows)])
+  assert accuracy == pytest.approx(result['eval_accuracy'])
+
+
+# ------------------------------------------------------------- other tasks
+
+
+@pytest.fixture(scope='module')
+def pretrained_modern(prepared, corpus_glob, tmp_path_factory):
+  """A micro ModernBERT pretraining run (4 steps; a local window narrower than the rows)."""
+  config = micro_config(corpus_glob, prepared[0].data.data_dir)
+  config.model.variant, config.model.local_attention = 'modern', 8
+  config.model.layer_norm_eps = 1e-5
+  config.train.num_steps, config.train.eval_every, config.train.checkpoint_every = 4, 4, 4
+  workdir = str(tmp_path_factory.mktemp('pretrained_modern'))
+  trainer.train_and_evaluate(config, workdir)
+  return workdir
+
+
+@pytest.fixture(scope='module')
+def tagged(pretrained_modern, tmp_path_factory):
+  """The ModernBERT run fine-tuned to tag MARKER: (out dir, result, eval file)."""
+  d = tmp_path_factory.mktemp('tagged')
+  train = _write_jsonl(d / 'train.jsonl', _tag_rows(2, 256))
+  evaluation = _write_jsonl(d / 'eval.jsonl', _tag_rows(3, 64))
+  out = str(d / 'out')
+  return out, loop.finetune(pretrained_modern, out, 'tag', train, evaluation,
+                            _config(num_epochs=12.0)), evaluation
+
+
+def test_modern_tagger_finds_the_word_and_predicts_per_word_tags(tagged, tmp_path):
+  out, result, evaluation = tagged
+  assert result['eval_accuracy'] >= 0.98, result
+  assert result['eval_f1'] >= 0.95, result   # Entity F1: the tags are BIO.
+  written = str(tmp_path / 'tags.jsonl')
+  predict_lib.predict(out, evaluation, written)
+  with open(evaluation) as f, open(written) as g:
+    pairs = [(json.loads(a), json.loads(b)) for a, b in zip(f, g)]
+  assert len(pairs) == 64
+  for gold, predicted in pairs:
+    assert predicted['tokens'] == gold['tokens']
+    assert len(predicted['tags']) == len(predicted['probabilities']) == len(gold['tokens'])
+  correct = [p['tags'] == g['tags'] for g, p in pairs]
+  assert np.mean(correct) >= 0.9
+
+
+def test_regression_follows_the_target(pretrained, tmp_path):
+  def rows(seed, n):
+    sentences, has = _sentences(np.random.default_rng(seed), n)
+    return [{'text': ' '.join(s), 'label': 2.0 if h else -1.0} for s, h in zip(sentences, has)]
+  train = _write_jsonl(tmp_path / 'train.jsonl', rows(4, 256))
+  evaluation = _write_jsonl(tmp_path / 'eval.jsonl', rows(5, 64))
+  result = loop.finetune(pretrained, str(tmp_path / 'out'), 'regress', train, evaluation,
+                         _config(num_epochs=12.0, learning_rate=3e-3, eval_every=48))
+  assert result['eval_pearson'] >= 0.9 and result['eval_spearman'] >= 0.8, result
+  assert not os.path.exists(tmp_path / 'out' / 'labels.json')   # No labels: one output.
+
+
+def test_pair_classifier_reads_the_second_text(pretrained, tmp_path):
+  def rows(seed, n):
+    rng = np.random.default_rng(seed)
+    firsts, _ = _sentences(rng, n)
+    seconds, has = _sentences(rng, n)
+    order = rng.permutation(n)   # MARKER in the first text says nothing.
+    return [{'text': ' '.join(firsts[i]), 'text_pair': ' '.join(s), 'label': int(h)}
+            for i, s, h in zip(order, seconds, has)]
+  train = _write_jsonl(tmp_path / 'train.jsonl', rows(6, 256))
+  evaluation = _write_jsonl(tmp_path / 'eval.jsonl', rows(7, 64))
+  out = str(tmp_path / 'out')
+  result = loop.finetune(pretrained, out, 'pair', train, evaluation,
+                         _config(num_epochs=12.0, learning_rate=3e-3, eval_every=96))
+  assert result['eval_accuracy'] >= 0.9, result
+  written = str(tmp_path / 'predictions.jsonl')
+  predict_lib.predict(out, evaluation, written)
+  with open(written) as f:
+    assert {json.loads(line)['label'] for line in f} == {0, 1}   # Integer labels stay integers.
+
+
+# ----------------------------------------------------------------- encoding
+
+
+def test_pair_rows_are_cls_a_sep_b_sep_with_segments_and_longest_first_truncation(pretrained):
+  from mlm_jax.training import workdir as workdir_lib
+  tokenizer = workdir_lib.load(pretrained).tokenizer
+  a, b = 'the file returns a list', 'name of the module'
+  ids_a, ids_b = tokenizer.encode([a, b])
+  examples = [data_lib.Example(1, (a, b), 'x'), data_lib.Example(2, (a * 9, b), 'x')]
+  encoded = data_lib.encode(examples, 'pair', tokenizer, 24, ['x'])
+  row = [2, *ids_a, 3, *ids_b, 3]
+  np.testing.assert_array_equal(encoded.input_ids[0, :len(row)], row)
+  assert not encoded.input_ids[0, len(row):].any() and encoded.attention_mask[0].sum() == len(row)
+  np.testing.assert_array_equal(encoded.segment_ids[0, :len(row)],
+                                [0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1))
+  # The long first text is cut, the short second kept whole; one row counted.
+  assert encoded.truncated == 1 and encoded.attention_mask[1].sum() == 24
+  assert encoded.segment_ids[1].sum() == len(ids_b) + 1
+  assert data_lib._pair_lengths(30, 30, 21) == (11, 10)
+
+
+def test_tag_rows_label_first_pieces_and_mark_cut_words(pretrained):
+  from mlm_jax.training import workdir as workdir_lib
+  tokenizer = workdir_lib.load(pretrained).tokenizer
+  words = ('unbelievably', 'the', 'file')
+  pieces = tokenizer.encode(list(words))
+  assert len(pieces[0]) > 1   # A word of several pieces: only its first is labelled.
+  examples = [data_lib.Example(1, words, ['B-X', 'O', 'B-X'])]
+  encoded = data_lib.encode(examples, 'tag', tokenizer, 16, ['B-X', 'O'])
+  starts = [1, 1 + len(pieces[0]), 2 + len(pieces[0])]
+  np.testing.assert_array_equal(encoded.word_starts[0], starts)
+  np.testing.assert_array_equal(np.flatnonzero(encoded.weights[0]), starts)
+  np.testing.assert_array_equal(encoded.targets[0, starts], [0, 1, 0])
+  cut = data_lib.encode(examples, 'tag', tokenizer, len(pieces[0]) + 3, ['B-X', 'O'])
+  assert cut.truncated == 1 and list(cut.word_starts[0]) == starts[:2] + [-1]
+
+
+def test_entity_f1_counts_whole_spans():
+  gold = [['B-P', 'I-P', 'O', 'B-L']]
+  assert scores.tagging(gold, gold, ['B-L', 'B-P', 'I-P', 'O'])['f1'] == 1.0
+  half = scores.tagging([['B-P', 'O', 'O', 'B-L']], gold, ['B-L', 'B-P', 'I-P', 'O'])
+  assert half['f1'] == 0.5 and half['accuracy'] == 0.75   # A cut span is a miss.
+
+
+def test_encoder_comes_from_the_run_and_the_pooler_from_its_sentence_pair_head(pretrained):
+  from mlm_jax.finetuning import step as step_lib
+  from mlm_jax.runtime import sharding
+  from mlm_jax.training import workdir as workdir_lib
+  run = workdir_lib.load(pretrained)
+  d = run.model_cfg.hidden_size
+  pooler = {'kernel': np.full((d, d), 0.5, np.float32), 'bias': np.ones(d, np.float32)}
+  mesh = sharding.make_mesh(1, jax.devices()[:1])
+  plan = config_lib.plan(_config().train, 64, d)
+  built = step_lib.build(run.model_cfg, 'pair', 3, 0.0, plan.train_section(_config().train), 16,
+                         0, mesh)
+  state = step_lib.with_pretrained(built.init_state(), {**run.params,
+                                                        'sentence_pair': {'pooler': pooler}}, 'run')
+  for a, b in zip(jax.tree_util.tree_leaves(state.params['encoder']),
+                  jax.tree_util.tree_leaves(run.params['encoder'])):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(state.params['head']['pooler']['kernel'], pooler['kernel'])
+  assert state.params['head']['classifier']['kernel'].shape == (d, 3)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+BAD_INPUT = {
+    'missing label': ('classify', 'train.jsonl',
+                      ['{"text": "a", "label": "x"}', '{"text": "b", "label": "y"}',
+                       '{"text": "c"}'],
+                      "train.jsonl line 3: field 'label' is missing"),
+    'empty label': ('classify', 'train.csv', ['text,label', 'a,x', 'b,', 'c,y'],
+                    "train.csv line 3: field 'label' is empty"),
+    'empty file': ('classify', 'train.tsv', ['text\tlabel'], 'train.tsv holds no examples'),
+    'pair side missing': ('pair', 'train.jsonl',
+                          ['{"text_a": "a", "text_b": "b", "label": 1}',
+                           '{"text_a": "a", "label": 0}'],
+                          "train.jsonl line 2: field 'text_b' is missing"),
+    'tag lengths differ': ('tag', 'train.jsonl',
+                           ['{"tokens": ["a", "b", "c"], "tags": ["O", "O"]}'],
+                           "train.jsonl line 1: field 'tags' must be a list of 3 tags"),
+    'regress label not a number': ('regress', 'train.csv', ['text,label', 'a,0.5', 'b,high'],
+                                   "train.csv line 3: field 'label' must be a finite number"),
+    'empty tag': ('tag', 'train.jsonl', ['{"tokens": ["a", "b"], "tags": ["O", " "]}'],
+                  "train.jsonl line 1: field 'tags[1]' is empty"),
+    'csv row with extra cells': ('classify', 'train.csv', ['text,label', 'a,x', 'b,y,z'],
+                                 'train.csv line 3: 3 cells, but the header names 2 columns'),
+    'not json': ('classify', 'train.jsonl', ['{"text": "a", "label": "x"}', '{"text": '],
+                 'train.jsonl line 2: not valid JSON'),
+}
+
+
+@pytest.mark.parametrize('case', list(BAD_INPUT))
+def test_bad_input_names_file_line_and_field_before_anything_is_built(case, pretrained, tmp_path):
+  task, name, lines, message = BAD_INPUT[case]
+  train = tmp_path / name
+  train.write_text(''.join(line + '\n' for line in lines))
+  good = _write_jsonl(tmp_path / 'eval.jsonl', [{'text': 'a', 'label': 'x'}])
+  out = tmp_path / 'out'
+  with pytest.raises(data_lib.DataError, match=re.escape(message)):
+    loop.finetune(pretrained, str(out), task, str(train), good, _config())
+  assert not out.exists()
+
+
+def test_eval_label_unseen_in_training_is_refused(pretrained, tmp_path):
+  train = _write_jsonl(tmp_path / 'train.jsonl', [{'text': 'a', 'label': 'x'},
+                                                   {'text': 'b', 'label': 'y'}])
+  evaluation = _write_jsonl(tmp_path / 'eval.jsonl', [{'text': 'a', 'label': 'x'},
+                                                      {'text': 'b', 'label': 'maybe'}])
+  with pytest.raises(data_lib.DataError, match="eval.jsonl line 2: field 'label' is 'maybe', "
+                     r"which the training file does not have \(it has \['x', 'y'\]\)"):
+    loop.finetune(pretrained, str(tmp_path / 'out'), 'classify', train, evaluation, _config())
+
+
+def test_command_prints_one_error_line_and_exits_2(pretrained, tmp_path):
+  import subprocess
+  import sys
+  train = _write_jsonl(tmp_path / 'train.jsonl', [{'text': 'a', 'label': 'x'}, {'text': 'b'}])
+  result = subprocess.run(
+      [sys.executable, '-m', 'mlm_jax.finetune', f'--workdir={pretrained}',
+       f'--out={tmp_path / "out"}', '--task=classify', f'--train_data={train}',
+       f'--eval_data={train}'], check=False, capture_output=True, text=True, timeout=120,
+      cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"error: {train} line 2: field 'label' is missing.")
+
+
+# ------------------------------------------------------------------- export
+
+
+def _export_matches_ours(out, evaluation, tmp_path, auto_class: str):
+  """Exports `out`, loads it with transformers: max |ours - theirs| over the eval file's logits."""
+  transformers = pytest.importorskip('transformers')
+  torch = pytest.importorskip('torch')
+  from mlm_jax.finetuning import evaluate as evaluate_lib
+  from mlm_jax.finetuning import export as export_lib
+  hf_dir = str(tmp_path / 'hf')
+  model = export_lib.export(out, hf_dir)
+  theirs, info = getattr(transformers, auto_class).from_pretrained(
+      hf_dir, output_loading_info=True, attn_implementation='eager')
+  assert not (info['missing_keys'] or info['unexpected_keys'] or info['mismatched_keys']), info
+  examples = data_lib.read_examples(evaluation, model.task, labelled=False)
+  encoded = data_lib.encode(examples, model.task, model.tokenizer, model.seq_len)
+  ours = evaluate_lib.all_logits(predict_lib._logits_fn(model), encoded, 32)
+  inputs = {'input_ids': encoded.input_ids, 'attention_mask': encoded.attention_mask}
+  if model.model_cfg.variant == 'bert':
+    inputs['token_type_ids'] = encoded.segment_ids
+  with torch.no_grad():
+    logits = theirs.eval()(**{k: torch.tensor(v, dtype=torch.long) for k, v in inputs.items()})
+  logits = logits.logits.numpy()
+  if model.task == 'tag':   # Padding positions are nobody's prediction.
+    real = encoded.attention_mask.astype(bool)
+    ours, logits = ours[real], logits[real]
+  assert theirs.config.id2label == dict(enumerate(str(x) for x in model.labels))
+  return float(np.abs(ours - logits).max())
+
+
+def test_bert_classifier_exports_as_bert_for_sequence_classification(classified, classify_files,
+                                                                     tmp_path):
+  out, _ = classified
+  diff = _export_matches_ours(out, classify_files[1], tmp_path,
+                              'AutoModelForSequenceClassification')
+  assert diff <= 1e-5, diff
+
+
+def test_modern_tagger_exports_as_modernbert_for_token_classification(tagged, tmp_path):
+  out, _, evaluation = tagged
+  diff = _export_matches_ours(out, evaluation, tmp_path, 'AutoModelForTokenClassification')
+  assert diff <= 1e-5, diff
