@@ -2,7 +2,8 @@
 --train_data=FILE --eval_data=FILE.
 
 Fine-tunes a pretraining run's encoder with a fresh head: TASK is classify,
-pair, regress or tag (docs/finetuning.md describes the files). Any field of
+pair, regress or tag (docs/finetuning.md describes the files; a tfds split
+prepared on disk is named tfds:NAME:SPLIT, e.g. tfds:glue/sst2:train). Any field of
 mlm_jax/finetuning/config.py can be overridden, e.g.
 --config.train.learning_rate=3e-5. Running the same command again resumes.
 """
@@ -25,8 +26,11 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'The pretraining run to start fr
 _OUT = flags.DEFINE_string('out', None, 'Directory for the fine-tuned model, checkpoints and '
                            'metrics.')
 _TASK = flags.DEFINE_enum('task', None, data.TASKS, 'What the head predicts.')
-_TRAIN = flags.DEFINE_string('train_data', None, 'Labelled training file (.jsonl, .csv, .tsv).')
-_EVAL = flags.DEFINE_string('eval_data', None, 'Labelled evaluation file (.jsonl, .csv, .tsv).')
+_TRAIN = flags.DEFINE_string('train_data', None, 'Labelled training file (.jsonl, .csv, .tsv) '
+                             'or tfds split prepared as array_record (tfds:NAME:SPLIT, e.g. '
+                             'tfds:glue/sst2:train).')
+_EVAL = flags.DEFINE_string('eval_data', None, 'Labelled evaluation file (.jsonl, .csv, .tsv) '
+                            'or tfds split (tfds:NAME:SPLIT).')
 flags.mark_flags_as_required(['workdir', 'out', 'task', 'train_data', 'eval_data'])
 _COORDINATOR = flags.DEFINE_string(
     'coordinator_address', '', 'host:port of process 0, for a run of several processes.')

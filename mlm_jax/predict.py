@@ -13,7 +13,8 @@ from mlm_jax import cli
 from mlm_jax.finetuning import predict
 
 _MODEL = flags.DEFINE_string('model', None, 'A fine-tuning output directory (--out of finetune).')
-_DATA = flags.DEFINE_string('data', None, 'The rows to predict (.jsonl, .csv, .tsv).')
+_DATA = flags.DEFINE_string('data', None, 'The rows to predict (.jsonl, .csv, .tsv, or a tfds '
+                            'split as tfds:NAME:SPLIT).')
 _OUT = flags.DEFINE_string('out', None, 'Where to write the predictions (JSON lines).')
 _BATCH = flags.DEFINE_integer('batch_size', 64, 'Rows per forward pass.')
 flags.mark_flags_as_required(['model', 'data', 'out'])

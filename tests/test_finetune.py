@@ -4,11 +4,14 @@ import json
 import os
 import re
 import shutil
+import sys
 
 import jax
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 
+from mlm_jax.config_check import ConfigError
 from mlm_jax.finetuning import config as config_lib
 from mlm_jax.finetuning import data as data_lib
 from mlm_jax.finetuning import loop
@@ -210,6 +213,146 @@ def test_pair_classifier_reads_the_second_text(pretrained, tmp_path):
     assert {json.loads(line)['label'] for line in f} == {0, 1}   # Integer labels stay integers.
 
 
+# ------------------------------------------------------------- tfds splits
+
+
+class MarkerSentences(tfds.core.GeneratorBasedBuilder):
+  """The classify and tag rows above as a tfds dataset, with glue/sst2's and conll2003's kinds
+  of features."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  BUILDER_CONFIGS = [tfds.core.BuilderConfig(name='classify'), tfds.core.BuilderConfig(name='tag')]
+
+  def _info(self):
+    if self.builder_config.name == 'classify':
+      features = {'sentence': tfds.features.Text(), 'idx': np.int32,
+                  'label': tfds.features.ClassLabel(names=['no', 'yes'])}
+    else:
+      features = {'tokens': tfds.features.Sequence(tfds.features.Text()),
+                  'ner': tfds.features.Sequence(tfds.features.ClassLabel(names=['O', 'B-ERR']))}
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
+
+  def _split_generators(self, dl_manager):
+    # 'test' is unlabelled, as GLUE's test splits are: its labels are -1.
+    return {'train': self._generate_examples(0, 256), 'validation': self._generate_examples(1, 64),
+            'test': self._generate_examples(1, 64, labelled=False)}
+
+  def _generate_examples(self, seed=0, n=0, labelled=True):
+    if self.builder_config.name == 'tag':
+      for i, row in enumerate(_tag_rows(seed, n)):
+        yield i, {'tokens': row['tokens'], 'ner': row['tags']}
+      return
+    for i, row in enumerate(_classify_rows(seed, n)):
+      yield i, {'sentence': row['text'], 'idx': i, 'label': row['label'] if labelled else -1}
+
+
+CLASSIFY = 'tfds:marker_sentences/classify'
+
+
+@pytest.fixture(scope='module')
+def tfds_dirs(tmp_path_factory):
+  """{'array_record': MarkerSentences's data dir, 'tfrecord': a copy that says tfrecord}."""
+  tfds.disable_progress_bar()
+  root = tmp_path_factory.mktemp('tfds')
+  for name in ('classify', 'tag'):
+    MarkerSentences(config=name, data_dir=str(root / 'array_record')).download_and_prepare(
+        file_format='array_record')
+  shutil.copytree(root / 'array_record', root / 'tfrecord')
+  for path in (root / 'tfrecord').glob('marker_sentences/*/1.0.0/dataset_info.json'):
+    info = json.loads(path.read_text())
+    info['fileFormat'] = 'tfrecord'
+    path.write_text(json.dumps(info))
+  return {kind: str(root / kind) for kind in ('array_record', 'tfrecord')}
+
+
+def test_a_tfds_split_reads_as_its_rows_with_class_names(tfds_dirs):
+  read = data_lib.read_examples
+  examples = read(f'{CLASSIFY}:train', 'classify', tfds_data_dir=tfds_dirs['array_record'])
+  # 'sentence' is the split's only text feature; ClassLabel integers are read as their names.
+  assert sorted((e.texts[0], e.label) for e in examples) == sorted(
+      (r['text'], r['label']) for r in _classify_rows(0, 256))
+  assert sorted(e.line for e in examples) == list(range(256))   # Lines are record indices.
+  tags = read('tfds:marker_sentences/tag:validation', 'tag', fields=data_lib.Fields(tags='ner'),
+              tfds_data_dir=tfds_dirs['array_record'])
+  assert sorted((e.texts, e.label) for e in tags) == sorted(
+      (tuple(r['tokens']), r['tags']) for r in _tag_rows(1, 64))
+  assert 'tensorflow' not in sys.modules
+
+
+def test_finetune_and_predict_read_tfds_splits(pretrained, tfds_dirs, tmp_path):
+  config = _config(num_epochs=12.0)
+  config.data.tfds_data_dir = tfds_dirs['array_record']
+  out = str(tmp_path / 'out')
+  result = loop.finetune(pretrained, out, 'classify', f'{CLASSIFY}:train',
+                         f'{CLASSIFY}:validation', config)
+  assert result['eval_accuracy'] >= 0.95, result
+  with open(os.path.join(out, 'labels.json')) as f:
+    assert json.load(f) == ['no', 'yes']
+  # The unlabelled test split: predict reads it with the fine-tuning's tfds data dir.
+  written = str(tmp_path / 'predictions.jsonl')
+  assert predict_lib.predict(out, f'{CLASSIFY}:test', written) == 64
+  texts = {e.line: e.texts[0] for e in data_lib.read_examples(
+      f'{CLASSIFY}:test', 'classify', labelled=False, tfds_data_dir=tfds_dirs['array_record'])}
+  truth = {r['text']: r['label'] for r in _classify_rows(1, 64)}
+  with open(written) as f:
+    predictions = [json.loads(line) for line in f]
+  assert sorted(p['record'] for p in predictions) == list(range(64))
+  assert np.mean([p['label'] == truth[texts[p['record']]] for p in predictions]) >= 0.9
+
+
+def test_fields_named_in_the_config_read_other_columns(tmp_path):
+  path = tmp_path / 'train.csv'
+  path.write_text('premise,hypothesis,gold\n'
+                  'A cat sat.,A cat is sitting.,yes\nIt rains.,It is dry.,no\n')
+  read = data_lib.read_examples
+  pairs = read(str(path), 'pair', fields=data_lib.Fields(label='gold'))   # GLUE's names: found.
+  assert [(e.line, e.texts, e.label) for e in pairs] == [
+      (2, ('A cat sat.', 'A cat is sitting.'), 'yes'), (3, ('It rains.', 'It is dry.'), 'no')]
+  single = read(str(path), 'classify', fields=data_lib.Fields(text='hypothesis', label='gold'))
+  assert [e.texts for e in single] == [('A cat is sitting.',), ('It is dry.',)]
+  with pytest.raises(ConfigError, match='set config.data.text_pair_field too'):
+    read(str(path), 'pair', fields=data_lib.Fields(text='premise', label='gold'))
+  with pytest.raises(data_lib.DataError, match="train.csv line 2: field 'label' is missing"):
+    read(str(path), 'classify', fields=data_lib.Fields(text='premise'))
+
+
+BAD_TFDS = {
+    'unknown dataset': ('tfds:no_such_dataset:train', {},
+                        r'tfds:no_such_dataset:train: no such dataset or split prepared in .*'
+                        r'Prepare it with `tfds build no_such_dataset --file_format=array_record`'
+                        r', or set config.data.tfds_data_dir to where it is'),
+    'missing split': (f'{CLASSIFY}:tran', {}, r"marker_sentences/classify in .* has no split "
+                      r"'tran' .*; its splits are \['test', 'train', 'validation'\]"),
+    'no split named': (CLASSIFY, {}, re.escape(
+        f"'{CLASSIFY}' names no split; write tfds:NAME:SPLIT, e.g. {CLASSIFY}:train.")),
+    'missing field': (f'{CLASSIFY}:train', {'label_field': 'rating'}, re.escape(
+        f"{CLASSIFY}:train has no feature 'rating' (config.data.label_field); its features are "
+        "['idx', 'label', 'sentence'].")),
+    'no text feature': ('tfds:marker_sentences/tag:train', {}, re.escape(
+        "has no feature 'text' and 0 text features []: name the one to read with "
+        'config.data.text_field')),
+    'unlabelled split': (f'{CLASSIFY}:test', {}, f"{CLASSIFY}:test record \\d+: field 'label' is "
+                         r"-1, which is none of the dataset's 2 classes .*: train and evaluate "
+                         'on a labelled split'),
+    'tfrecord': (f'{CLASSIFY}:train', {'tfds_data_dir': 'tfrecord'},
+                 'in a format that needs TensorFlow to read \\(tfrecord\\).* Prepare it again '
+                 'with `tfds build marker_sentences/classify --file_format=array_record`'),
+}
+
+
+@pytest.mark.parametrize('case', list(BAD_TFDS))
+def test_bad_tfds_input_names_split_and_fix_before_anything_is_built(case, pretrained, tfds_dirs,
+                                                                      tmp_path):
+  spec, data, message = BAD_TFDS[case]
+  config = _config()
+  config.data.tfds_data_dir = tfds_dirs[data.get('tfds_data_dir', 'array_record')]
+  config.data.update({k: v for k, v in data.items() if k != 'tfds_data_dir'})
+  out = tmp_path / 'out'
+  with pytest.raises(data_lib.DataError, match=message):
+    loop.finetune(pretrained, str(out), 'classify', spec, f'{CLASSIFY}:validation', config)
+  assert not out.exists()
+
+
 # ----------------------------------------------------------------- encoding
 
 
@@ -327,7 +470,6 @@ def test_eval_label_unseen_in_training_is_refused(pretrained, tmp_path):
 
 def test_command_prints_one_error_line_and_exits_2(pretrained, tmp_path):
   import subprocess
-  import sys
   train = _write_jsonl(tmp_path / 'train.jsonl', [{'text': 'a', 'label': 'x'}, {'text': 'b'}])
   result = subprocess.run(
       [sys.executable, '-m', 'mlm_jax.finetune', f'--workdir={pretrained}',

@@ -55,6 +55,7 @@ import ml_collections
 from mlm_jax.config_check import ConfigError
 from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
+from mlm_jax.data import tfds_source
 
 # Standard-library folders that are tests, third-party code or tooling rather
 # than documentation.
@@ -368,26 +369,14 @@ def _stat_digest(files: list[str]) -> str:
 
 
 def _resolve_tfds(data: ml_collections.ConfigDict) -> Corpus:
-  import tensorflow_datasets as tfds  # Only tfds corpora pay for the import here.
   name = f'config.data.tfds_name={data.tfds_name!r}'
   data_dir = os.path.expanduser(data.tfds_data_dir) if data.tfds_data_dir else None
-  where = data_dir or 'the default tfds data dir (~/tensorflow_datasets or $TFDS_DATA_DIR)'
   try:
-    source = tfds.data_source(data.tfds_name, split=data.split, data_dir=data_dir,
-                              download=False)
-  except NotImplementedError as e:
-    raise CorpusError(
-        f'{name} is prepared in {where} in a format that needs TensorFlow to read (tfrecord); '
-        'mlm_jax reads array_record. Prepare it again with `tfds build '
-        f'{data.tfds_name} --file_format=array_record`, or convert it once (with TensorFlow '
-        'installed) with `tfds convert_format --dataset_dir=DIR --out_file_format='
-        f'array_record`. ({str(e).splitlines()[0]})') from None
-  except Exception as e:  # tfds raises many kinds for a missing dataset or split.
-    raise CorpusError(
-        f'{name}, config.data.split={data.split!r}: no such dataset or split prepared in '
-        f'{where} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}). Prepare it '
-        f'with `tfds build {data.tfds_name} --file_format=array_record`, or set '
-        'config.data.tfds_data_dir to where it is.') from None
+    source = tfds_source.open_split(data.tfds_name, data.split, data_dir,
+                                    f'{name}, config.data.split={data.split!r}',
+                                    'config.data.tfds_data_dir')
+  except tfds_source.TfdsError as e:
+    raise CorpusError(str(e)) from None
   info = source.dataset_info
   if data.text_key not in info.features.keys():
     raise CorpusError(f'{name} has no feature config.data.text_key={data.text_key!r}; its '

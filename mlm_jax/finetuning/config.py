@@ -37,6 +37,21 @@ def get_config() -> ml_collections.ConfigDict:
   # Pieces per row, [CLS] and [SEP]s included; None: the pretraining run's data.seq_len.
   # Longer texts are truncated (and counted); at most the model's position table.
   config.data.seq_len = config_dict.placeholder(int)
+  # Which field of a row (a column, a JSON key, a tfds feature) holds each input.
+  # The text (classify, regress) or a pair's first text; None: 'text' (pair: the
+  # first of finetuning/data.py's PAIR_FIELDS a row has; a tfds split without
+  # 'text': its only text feature).
+  config.data.text_field = config_dict.placeholder(str)
+  # A pair's second text; set with text_field, or neither.
+  config.data.text_pair_field = config_dict.placeholder(str)
+  # The label (classify, pair, regress); a tfds ClassLabel is read as its name.
+  config.data.label_field = 'label'
+  # A tag row's words and their tags (lists of equal length).
+  config.data.tokens_field = 'tokens'
+  config.data.tags_field = 'tags'
+  # Where tfds datasets named as --train_data=tfds:NAME:SPLIT are prepared (array_record);
+  # None: tfds's default (~/tensorflow_datasets or $TFDS_DATA_DIR).
+  config.data.tfds_data_dir = config_dict.placeholder(str)
 
   config.model = ml_collections.ConfigDict()
   # Dropout in the encoder; None: the pretraining run's model.dropout_rate.
@@ -93,6 +108,10 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
   t = config.train
   require(config.data.seq_len is None or config.data.seq_len >= 8,
           f'config.data.seq_len={config.data.seq_len} must be at least 8.')
+  for name in ('text_field', 'text_pair_field', 'label_field', 'tokens_field', 'tags_field'):
+    value = config.data[name]
+    require(value is None or bool(value.strip()),
+            f"config.data.{name} is empty; name the field, e.g. 'sentence'.")
   for name in ('dropout_rate', 'classifier_dropout'):
     value = config.model[name]
     require(value is None or 0.0 <= value < 1.0,

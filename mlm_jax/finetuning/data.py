@@ -1,20 +1,25 @@
-"""Fine-tuning data: reading labelled files, checking every row, encoding them to arrays.
+"""Fine-tuning data: reading labelled files or tfds splits, checking every row, encoding them.
 
-Files are JSON lines (.jsonl), CSV (.csv) or TSV (.tsv) with a header row.
-The fields each task reads:
+Files are JSON lines (.jsonl), CSV (.csv) or TSV (.tsv) with a header row;
+`tfds:NAME:SPLIT` names a split of a tfds dataset prepared on disk in
+array_record format (data/tfds_source.py), whose features are read as a
+.jsonl row's fields (a ClassLabel as its name). The fields each task reads,
+under these names unless `Fields` (config.data.*_field) names others:
 
   classify   text, label (a string or an integer)
   regress    text, label (a number)
-  pair       text_a, text_b (or text, text_pair), label; encoded
+  pair       text_a, text_b (or another pair of PAIR_FIELDS), label; encoded
              [CLS] a [SEP] b [SEP], segment 0 up to the first [SEP], 1 after
-  tag        tokens, tags: lists of equal length (JSON lines only); each word
-             is encoded on its own and its first piece carries its tag
+  tag        tokens, tags: lists of equal length (JSON lines or tfds only);
+             each word is encoded on its own and its first piece carries its tag
 
-Every problem in a file (a missing or empty field, a label the training
-file does not have, a pair without a side, tag lists of other lengths, no
-rows at all) raises DataError naming the file, the line and the field, before
-anything is built; no row is skipped. Texts longer than the sequence length
-are truncated and counted (`Encoded.truncated`). Numpy only, like data/.
+A tfds split without a 'text' feature gives its only text feature for
+classify and regress. Every problem (a missing or empty field, a label the
+training file does not have, a pair without a side, tag lists of other
+lengths, no rows at all, a tfds dataset, split or feature that is not there)
+raises DataError naming the file (split), the line (record) and the field,
+before anything is built; no row is skipped. Texts longer than the sequence
+length are truncated and counted (`Encoded.truncated`). Numpy only, like data/.
 """
 
 from __future__ import annotations
@@ -30,14 +35,20 @@ from typing import Any
 
 import numpy as np
 
+from mlm_jax.config_check import ConfigError
 from mlm_jax.data import corpus
+from mlm_jax.data import tfds_source
 from mlm_jax.data import tokenizer as tok_lib
 
 TASKS = ('classify', 'pair', 'regress', 'tag')
 # Tasks whose output is one label per input (softmax over labels).
 CLASSIFICATION_TASKS = ('classify', 'pair')
-# Field names of a pair's two texts: the first naming a row uses wins.
-PAIR_FIELDS = (('text_a', 'text_b'), ('text', 'text_pair'))
+# Field names of a pair's two texts, unless config.data.text_field and text_pair_field
+# name them: the first pair a row (a tfds split's features) uses wins. After ours and
+# Hugging Face's, GLUE's (MRPC, RTE, WNLI; QQP; MNLI; QNLI), so that its tfds splits
+# need no field names.
+PAIR_FIELDS = (('text_a', 'text_b'), ('text', 'text_pair'), ('sentence1', 'sentence2'),
+               ('question1', 'question2'), ('premise', 'hypothesis'), ('question', 'sentence'))
 _FORMATS = {'.jsonl': 'jsonl', '.csv': 'csv', '.tsv': 'tsv'}
 Label = str | int
 
@@ -47,8 +58,43 @@ class DataError(corpus.CorpusError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Fields:
+  """Which field of a row (a column, a JSON key, a tfds feature) holds each input of a task.
+
+  text None: 'text' (in a tfds split without one, its only text feature).
+  For pair, text and text_pair name the first and second text; both None:
+  the first of PAIR_FIELDS that a row uses.
+  """
+
+  text: str | None = None
+  text_pair: str | None = None
+  label: str = 'label'
+  tokens: str = 'tokens'
+  tags: str = 'tags'
+
+  @classmethod
+  def from_config(cls, data: Any) -> Fields:
+    """From config.data (or its dict): the `<name>_field` settings, defaults where unset."""
+    given = {f.name: data.get(f'{f.name}_field') for f in dataclasses.fields(cls)}
+    return cls(**{name: value for name, value in given.items() if value is not None})
+
+  def check(self, task: str) -> None:
+    """ConfigError for names the task cannot use as given."""
+    if task == 'pair' and (self.text is None) != (self.text_pair is None):
+      missing = 'text_pair_field' if self.text_pair is None else 'text_field'
+      raise ConfigError(f"task 'pair' reads two texts, and only one is named: set "
+                        f'config.data.{missing} too (or neither, for the usual names).')
+    if task != 'pair' and self.text_pair is not None:
+      raise ConfigError(f"config.data.text_pair_field={self.text_pair!r} is for task 'pair' "
+                        f'only, not {task!r}.')
+
+
+@dataclasses.dataclass(frozen=True)
 class Example:
-  """One row: where it is, its text(s) (two for pair; the words for tag) and its label."""
+  """One row: where it is, its text(s) (two for pair; the words for tag) and its label.
+
+  line: the line of a file, or the index of a tfds split's record.
+  """
 
   line: int
   texts: tuple[str, ...]
@@ -106,92 +152,182 @@ def _field(path: str, number: int, row: dict[str, Any], name: str) -> Any:
   """row[name], neither missing nor empty."""
   value = row.get(name)
   if value is None:
-    raise DataError(f'{path} line {number}: field {name!r} is missing.')
+    raise DataError(f'{location(path, number)}: field {name!r} is missing.')
   if (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
-    raise DataError(f'{path} line {number}: field {name!r} is empty.')
+    raise DataError(f'{location(path, number)}: field {name!r} is empty.')
   return value
 
 
 def _text(path: str, number: int, row: dict[str, Any], name: str) -> str:
   value = _field(path, number, row, name)
   if not isinstance(value, str):
-    raise DataError(f'{path} line {number}: field {name!r} must be a string, not '
+    raise DataError(f'{location(path, number)}: field {name!r} must be a string, not '
                     f'{type(value).__name__}.')
   return value
 
 
 def _class_label(path: str, number: int, value: Any, name: str = 'label') -> Label:
   if isinstance(value, bool) or not isinstance(value, (str, int)):
-    raise DataError(f'{path} line {number}: field {name!r} must be a string or an integer, '
+    raise DataError(f'{location(path, number)}: field {name!r} must be a string or an integer, '
                     f'not {value!r}.')
   if isinstance(value, str) and not value.strip():
-    raise DataError(f'{path} line {number}: field {name!r} is empty.')
+    raise DataError(f'{location(path, number)}: field {name!r} is empty.')
   return value.strip() if isinstance(value, str) else value
 
 
-def _number(path: str, number: int, value: Any) -> float:
+def _number(path: str, number: int, value: Any, name: str) -> float:
   try:
     x = float(value) if not isinstance(value, bool) else math.nan
   except (TypeError, ValueError):
     x = math.nan
   if not math.isfinite(x):
-    raise DataError(f"{path} line {number}: field 'label' must be a finite number for task "
+    raise DataError(f"{location(path, number)}: field {name!r} must be a finite number for task "
                     f"'regress', not {value!r}.")
   return x
 
 
-def _pair_texts(path: str, number: int, row: dict[str, Any]) -> tuple[str, str]:
-  for first, second in PAIR_FIELDS:
+def _pair_fields(fields: Fields) -> tuple[tuple[str, str], ...]:
+  return ((fields.text, fields.text_pair),) if fields.text else PAIR_FIELDS
+
+
+def _pair_texts(path: str, number: int, row: dict[str, Any], fields: Fields) -> tuple[str, str]:
+  pairs = _pair_fields(fields)
+  for first, second in pairs:
     if first in row or second in row:
       return _text(path, number, row, first), _text(path, number, row, second)
-  raise DataError(f"{path} line {number}: fields 'text_a' and 'text_b' (or 'text' and "
-                  "'text_pair') are missing.")
+  names = ' or '.join(f'{a!r} and {b!r}' for a, b in pairs)
+  raise DataError(f'{location(path, number)}: fields {names} are missing (name others with '
+                  'config.data.text_field and text_pair_field).')
 
 
-def _tag_example(path: str, number: int, row: dict[str, Any], labelled: bool) -> Example:
-  words = _field(path, number, row, 'tokens')
+def _tag_example(path: str, number: int, row: dict[str, Any], labelled: bool,
+                 fields: Fields) -> Example:
+  tokens, tags_name = fields.tokens, fields.tags
+  words = _field(path, number, row, tokens)
   if not isinstance(words, list):
-    raise DataError(f"{path} line {number}: field 'tokens' must be a list of words.")
+    raise DataError(f'{location(path, number)}: field {tokens!r} must be a list of words.')
   for i, word in enumerate(words):
     if not isinstance(word, str) or not word.strip():
-      raise DataError(f"{path} line {number}: field 'tokens' item {i} must be a non-empty "
+      raise DataError(f'{location(path, number)}: field {tokens!r} item {i} must be a non-empty '
                       f'word, not {word!r}.')
   if not labelled:
     return Example(number, tuple(words))
-  tags = _field(path, number, row, 'tags')
+  tags = _field(path, number, row, tags_name)
   if not isinstance(tags, list) or len(tags) != len(words):
     size = len(tags) if isinstance(tags, list) else type(tags).__name__
-    raise DataError(f"{path} line {number}: field 'tags' must be a list of {len(words)} tags, "
-                    f"one per item of 'tokens'; it has {size}.")
-  return Example(number, tuple(words),
-                 [_class_label(path, number, t, f'tags[{i}]') for i, t in enumerate(tags)])
+    raise DataError(f'{location(path, number)}: field {tags_name!r} must be a list of '
+                    f'{len(words)} tags, one per item of {tokens!r}; it has {size}.')
+  return Example(number, tuple(words), [_class_label(path, number, t, f'{tags_name}[{i}]')
+                                        for i, t in enumerate(tags)])
 
 
-def _example(path: str, task: str, number: int, row: dict[str, Any], labelled: bool) -> Example:
+def _example(path: str, task: str, number: int, row: dict[str, Any], labelled: bool,
+             fields: Fields) -> Example:
   if task == 'tag':
-    return _tag_example(path, number, row, labelled)
+    return _tag_example(path, number, row, labelled, fields)
   if task == 'pair':
-    texts = _pair_texts(path, number, row)
+    texts = _pair_texts(path, number, row, fields)
   else:
-    texts = (_text(path, number, row, 'text'),)
+    texts = (_text(path, number, row, fields.text or 'text'),)
   if not labelled:
     return Example(number, texts)
-  value = _field(path, number, row, 'label')
-  label = _number(path, number, value) if task == 'regress' else _class_label(path, number, value)
-  return Example(number, texts, label)
+  value = _field(path, number, row, fields.label)
+  if task == 'regress':
+    return Example(number, texts, _number(path, number, value, fields.label))
+  return Example(number, texts, _class_label(path, number, value, fields.label))
 
 
-def read_examples(path: str, task: str, labelled: bool = True) -> list[Example]:
-  """Every row of `path` as an Example; DataError for the first bad row or an empty file."""
+def read_examples(path: str, task: str, labelled: bool = True, fields: Fields = Fields(),
+                  tfds_data_dir: str | None = None) -> list[Example]:
+  """Every row of `path` (a file, or tfds:NAME:SPLIT) as an Example.
+
+  DataError for the first bad row or an empty file or split; tfds_data_dir:
+  where tfds datasets are prepared (None: tfds's default).
+  """
   if task not in TASKS:
     raise DataError(f'unknown task {task!r}: use {", ".join(TASKS)}.')
-  if task == 'tag' and not path.lower().endswith('.jsonl'):
-    raise DataError(f"{path}: task 'tag' reads JSON lines (.jsonl) with 'tokens' and 'tags' "
-                    'lists.')
-  examples = [_example(path, task, number, row, labelled) for number, row in _rows(path)]
+  fields.check(task)
+  if tfds_source.is_spec(path):
+    fields, rows = _tfds_rows(path, task, labelled, fields, tfds_data_dir)
+  elif task == 'tag' and not path.lower().endswith('.jsonl'):
+    raise DataError(f"{path}: task 'tag' reads JSON lines (.jsonl) or a tfds split, with "
+                    f'{fields.tokens!r} and {fields.tags!r} lists.')
+  else:
+    rows = _rows(path)
+  examples = [_example(path, task, number, row, labelled, fields) for number, row in rows]
   if not examples:
     raise DataError(f'{path} holds no examples.')
   return examples
+
+
+def location(path: str, number: int) -> str:
+  """'FILE line N', or 'tfds:NAME:SPLIT record N' (N: the record's index in the split)."""
+  return f'{path} {"record" if tfds_source.is_spec(path) else "line"} {number}'
+
+
+def _tfds_rows(spec: str, task: str, labelled: bool, fields: Fields, data_dir: str | None
+               ) -> tuple[Fields, Iterator[tuple[int, dict[str, Any]]]]:
+  """(the fields read, named as the split's features; its records as rows).
+
+  The split is opened and its features matched to the task's fields here,
+  before any record is read; DataError naming the fix for either.
+  """
+  try:
+    split = tfds_source.open_spec(spec, data_dir, 'config.data.tfds_data_dir')
+  except tfds_source.TfdsError as e:
+    raise DataError(str(e)) from None
+  if task == 'tag':
+    names = [_feature(split, fields.tokens, 'tokens_field')]
+    names += [_feature(split, fields.tags, 'tags_field')] if labelled else []
+  else:
+    if task == 'pair':
+      fields = dataclasses.replace(fields, **_tfds_pair(split, fields))
+      names = [fields.text, fields.text_pair]
+    else:
+      fields = dataclasses.replace(fields, text=_tfds_text(split, fields))
+      names = [fields.text]
+    names += [_feature(split, fields.label, 'label_field')] if labelled else []
+
+  def rows() -> Iterator[tuple[int, dict[str, Any]]]:
+    try:
+      yield from tfds_source.rows(split, names)
+    except tfds_source.TfdsError as e:
+      raise DataError(str(e)) from None
+
+  return fields, rows()
+
+
+def _feature(split: tfds_source.Split, name: str, setting: str) -> str:
+  """`name`, a feature of `split` (DataError naming the split's features and the setting if not)."""
+  if name not in split.kinds:
+    raise DataError(f'{split.spec} has no feature {name!r} (config.data.{setting}); its features '
+                    f'are {sorted(split.kinds)}.')
+  return name
+
+
+def _tfds_text(split: tfds_source.Split, fields: Fields) -> str:
+  """The feature holding the text: the one named, else 'text', else the only text feature."""
+  if fields.text is not None or 'text' in split.kinds:
+    return _feature(split, fields.text or 'text', 'text_field')
+  texts = split.features_of_kind('text')
+  if len(texts) != 1:
+    raise DataError(f"{split.spec} has no feature 'text' and {len(texts)} text features "
+                    f'{sorted(texts)}: name the one to read with config.data.text_field '
+                    f'(its features are {sorted(split.kinds)}).')
+  return texts[0]
+
+
+def _tfds_pair(split: tfds_source.Split, fields: Fields) -> dict[str, str]:
+  """{'text': first, 'text_pair': second}: the pair named, else the first of PAIR_FIELDS there."""
+  for first, second in _pair_fields(fields):
+    if first in split.kinds and second in split.kinds:
+      return {'text': first, 'text_pair': second}
+  if fields.text:
+    return {'text': _feature(split, fields.text, 'text_field'),
+            'text_pair': _feature(split, fields.text_pair, 'text_pair_field')}
+  raise DataError(f'{split.spec} has none of the pairs of features {list(PAIR_FIELDS)}: name '
+                  'its two texts with config.data.text_field and config.data.text_pair_field '
+                  f'(its features are {sorted(split.kinds)}).')
 
 
 # ------------------------------------------------------------------- labels
@@ -210,7 +346,7 @@ def infer_labels(examples: Sequence[Example], task: str) -> list[Label] | None:
 
 
 def check_labels(examples: Sequence[Example], labels: Sequence[Label] | None, task: str,
-                 path: str) -> None:
+                 path: str, fields: Fields = Fields()) -> None:
   """DataError for the first label (tag) of `path` that `labels` (the training file's) lacks."""
   if labels is None:
     return
@@ -219,8 +355,8 @@ def check_labels(examples: Sequence[Example], labels: Sequence[Label] | None, ta
     values = enumerate(e.label) if task == 'tag' else [(None, e.label)]
     for i, value in values:
       if value not in known:
-        name = 'label' if i is None else f'tags[{i}]'
-        raise DataError(f'{path} line {e.line}: field {name!r} is {value!r}, which the '
+        name = fields.label if i is None else f'{fields.tags}[{i}]'
+        raise DataError(f'{location(path, e.line)}: field {name!r} is {value!r}, which the '
                         f'training file does not have (it has {list(labels)}).')
 
 
@@ -309,17 +445,19 @@ def _tag_rows(words: Sequence[Sequence[Sequence[int]]], tags: Sequence[np.ndarra
 
 
 def encode(examples: Sequence[Example], task: str, tokenizer: tok_lib.Tokenizer, seq_len: int,
-           labels: Sequence[Label] | None = None, path: str = '') -> Encoded:
+           labels: Sequence[Label] | None = None, path: str = '',
+           fields: Fields = Fields()) -> Encoded:
   """Examples -> arrays of length `seq_len` ([CLS] ... [SEP] (b [SEP])); targets when labelled.
 
   `labels`: the training file's labels (their index is the target); None
-  for regress and for unlabelled examples. `path`: the file, for messages.
+  for regress and for unlabelled examples. `path`, `fields`: where the
+  examples were read, for messages.
   """
   index = {label: i for i, label in enumerate(labels or ())}
   labelled = bool(examples) and examples[0].label is not None
   if task == 'tag':
     words = _encode_nested(tokenizer, [e.texts for e in examples])
-    _check_words(examples, words, path)
+    _check_words(examples, words, path, fields.tokens)
     tags = [np.array([index[t] for t in e.label], np.int32) for e in examples] if labelled else None
     ids, targets, weights, starts, truncated = _tag_rows(words, tags, seq_len)
     return Encoded(ids, np.zeros_like(ids), (ids != tok_lib.PAD_ID).astype(np.int32), targets,
@@ -337,12 +475,12 @@ def encode(examples: Sequence[Example], task: str, tokenizer: tok_lib.Tokenizer,
 
 
 def _check_words(examples: Sequence[Example], words: Sequence[Sequence[Sequence[int]]],
-                 path: str) -> None:
+                 path: str, field: str) -> None:
   """DataError for a word the tokenizer turns into no piece at all (it could carry no tag)."""
   for e, row in zip(examples, words):
     for i, ids in enumerate(row):
       if not ids:
-        raise DataError(f"{path} line {e.line}: field 'tokens' item {i} ({e.texts[i]!r}) "
+        raise DataError(f'{location(path, e.line)}: field {field!r} item {i} ({e.texts[i]!r}) '
                         'has no piece in the tokenizer.')
 
 

@@ -59,7 +59,7 @@ def finetune(workdir: str, out_dir: str, task: str, train_path: str, eval_path: 
   config_lib.check_config(config, jax.device_count())
   # --------------------------------------------------- pretrained run, data
   run = workdir_lib.load(workdir)
-  data = read_task_data(task, train_path, eval_path, run, config.data.seq_len)
+  data = read_task_data(task, train_path, eval_path, run, config.data)
   model_cfg, model_section = _model_config(run, config)
   classifier_dropout = _value_or(config.model.classifier_dropout, model_cfg.dropout_rate)
   record = model_dir.model_record(task, data.labels, data.seq_len, model_cfg, model_section,
@@ -135,25 +135,32 @@ def finetune(workdir: str, out_dir: str, task: str, train_path: str, eval_path: 
 
 
 def read_task_data(task: str, train_path: str, eval_path: str,
-                   run: workdir_lib.TrainedRun, seq_len: int | None) -> TaskData:
-  """Both files read, checked and encoded (DataError for the first bad row); truncation logged."""
+                   run: workdir_lib.TrainedRun, data: ml_collections.ConfigDict) -> TaskData:
+  """Both files (tfds splits) read, checked and encoded; truncation logged.
+
+  DataError for the first bad row; `data`: the config's data section (the
+  sequence length, the fields to read, the tfds data dir).
+  """
   if task not in data_lib.TASKS:
     raise data_lib.DataError(f'unknown task {task!r}: use {", ".join(data_lib.TASKS)}.')
-  seq_len = seq_len or run.config.data.seq_len
+  seq_len = data.seq_len or run.config.data.seq_len
   limit = run.model_cfg.max_position_embeddings
   require(seq_len <= limit, f'config.data.seq_len={seq_len} exceeds the position table of the '
           f'pretrained model ({limit} positions).')
-  train_examples = data_lib.read_examples(train_path, task)
+  fields = data_lib.Fields.from_config(data)
+  read = functools.partial(data_lib.read_examples, task=task, fields=fields,
+                           tfds_data_dir=data.tfds_data_dir)
+  train_examples = read(train_path)
   labels = data_lib.infer_labels(train_examples, task)
-  eval_examples = data_lib.read_examples(eval_path, task)
-  data_lib.check_labels(eval_examples, labels, task, eval_path)
+  eval_examples = read(eval_path)
+  data_lib.check_labels(eval_examples, labels, task, eval_path, fields)
   if labels is not None and len(labels) < 2:
     raise data_lib.DataError(f'{train_path}: every row has the label {labels[0]!r}; a '
                              'classifier needs at least two.')
   encoded = {}
   for name, path, examples in (('train', train_path, train_examples),
                                ('eval', eval_path, eval_examples)):
-    encoded[name] = data_lib.encode(examples, task, run.tokenizer, seq_len, labels, path)
+    encoded[name] = data_lib.encode(examples, task, run.tokenizer, seq_len, labels, path, fields)
     message = data_lib.describe_truncation(encoded[name], path, seq_len)
     if message:
       logging.warning('%s', message)

@@ -92,6 +92,8 @@ class FineTunedModel:
   classifier_dropout: float
   params: dict[str, Any]     # Host numpy arrays.
   tokenizer: tok_lib.Tokenizer
+  # config.data of the fine-tuning (fields read, tfds data dir): predict reads its data so.
+  data_config: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def load(out_dir: str, step: int | None = None) -> FineTunedModel:
@@ -105,9 +107,14 @@ def load(out_dir: str, step: int | None = None) -> FineTunedModel:
   cfg = model_config(record)
   step, params, meta = ckpt_lib.restore_params(checkpoint_dir(out_dir), step)
   ckpt_lib.check_meta(meta, checkpoint_meta(cfg, record), f'{step} of {out_dir}')
+  config_path = os.path.join(out_dir, CONFIG_FILE)
+  data_config = {}
+  if os.path.exists(config_path):
+    with open(config_path) as f:
+      data_config = json.load(f).get('data', {})
   return FineTunedModel(out_dir, step, record['task'], record['labels'], record['seq_len'], cfg,
                         record['classifier_dropout'], params,
-                        tok_lib.Tokenizer(os.path.join(out_dir, 'tokenizer.model')))
+                        tok_lib.Tokenizer(os.path.join(out_dir, 'tokenizer.model')), data_config)
 
 
 def checkpoint_meta(cfg: model_lib.ModelConfig, record: dict[str, Any]) -> dict[str, Any]:

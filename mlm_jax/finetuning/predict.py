@@ -7,9 +7,11 @@ One output line per input row, in order, with the input's line number:
   tag             {"line": 3, "tokens": [...], "tags": ["B-PER", "O", ...],
                    "probabilities": [0.97, 0.99, ...]}  (each chosen tag's probability)
 
-Labels in the file are not needed (and not read). A tag row longer than
-the sequence length gets null for the words past it; rows truncated are
-counted in the log.
+Labels in the file are not needed (and not read). FILE may be a tfds split
+(tfds:NAME:SPLIT); its records are read with the fine-tuning's field names
+and tfds data dir, and each output line has the record's index ("record")
+in place of "line". A tag row longer than the sequence length gets null
+for the words past it; rows truncated are counted in the log.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from mlm_jax.data import tfds_source
 from mlm_jax.finetuning import data as data_lib
 from mlm_jax.finetuning import evaluate as evaluate_lib
 from mlm_jax.finetuning import model_dir
@@ -35,15 +38,19 @@ def predict(model_path: str, data_path: str, out_path: str, batch_size: int = 64
   Returns the number of rows written.
   """
   model = model_dir.load(model_path)
-  examples = data_lib.read_examples(data_path, model.task, labelled=False)
-  encoded = data_lib.encode(examples, model.task, model.tokenizer, model.seq_len, path=data_path)
+  fields = data_lib.Fields.from_config(model.data_config)
+  examples = data_lib.read_examples(data_path, model.task, labelled=False, fields=fields,
+                                    tfds_data_dir=model.data_config.get('tfds_data_dir'))
+  encoded = data_lib.encode(examples, model.task, model.tokenizer, model.seq_len, path=data_path,
+                            fields=fields)
   message = data_lib.describe_truncation(encoded, data_path, model.seq_len)
   if message:
     logging.warning('%s', message)
   logits = evaluate_lib.all_logits(_logits_fn(model), encoded, batch_size)
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
   with open(out_path, 'w') as f:
-    f.writelines(json.dumps(r) + '\n' for r in records(model, examples, encoded, logits))
+    where = 'record' if tfds_source.is_spec(data_path) else 'line'
+    f.writelines(json.dumps(r) + '\n' for r in records(model, examples, encoded, logits, where))
   return len(examples)
 
 
@@ -62,10 +69,11 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def records(model: model_dir.FineTunedModel, examples: list[data_lib.Example],
-            encoded: data_lib.Encoded, logits: np.ndarray) -> Iterator[dict[str, Any]]:
-  """One output record per example (see the module's docstring)."""
+            encoded: data_lib.Encoded, logits: np.ndarray,
+            where: str = 'line') -> Iterator[dict[str, Any]]:
+  """One output record per example (see the module's docstring); `where`: 'line' or 'record'."""
   for i, example in enumerate(examples):
-    record: dict[str, Any] = {'line': example.line}
+    record: dict[str, Any] = {where: example.line}
     if model.task == 'regress':
       record['value'] = float(logits[i, 0])
     elif model.task == 'tag':
