@@ -1,10 +1,14 @@
-"""Command line: python -m mlm_jax.export --workdir=runs/tiny --out=exported/.
+"""Command line: python -m mlm_jax.export --workdir=runs/tiny --out=exported/
+(a pretraining run) or --model=runs/tiny_topic --out=exported/ (a fine-tuned model).
 
-Writes a Hugging Face model directory (BertForMaskedLM, or ModernBertForMaskedLM
-for config.model.variant='modern'; safetensors, and the run's tokenizer) from a
-checkpoint of a training run; --step picks one
-(default: the latest); --embedding_correction replaces each token embedding
-by its expectation under the run's masking. See mlm_jax/interop/export.py.
+Writes a Hugging Face model directory (safetensors, config and the run's
+tokenizer): from a training run's checkpoint, BertForMaskedLM (or
+ModernBertForMaskedLM for config.model.variant='modern'), see
+mlm_jax/interop/export.py; --embedding_correction replaces each token
+embedding by its expectation under the run's masking. From a fine-tuning's
+output (finetune's --out), the variant's ForSequenceClassification (classify,
+pair, regress) or ForTokenClassification (tag) with its labels, see
+mlm_jax/finetuning/export.py. --step picks a checkpoint (default: the latest).
 """
 
 from __future__ import annotations
@@ -14,11 +18,18 @@ import os
 from absl import flags
 
 from mlm_jax import cli
+from mlm_jax import configuration
+from mlm_jax.finetuning import export as finetuned_export
 from mlm_jax.interop import export
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Workdir of a training run.')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Workdir of a training run (a masked LM).')
+_MODEL = flags.DEFINE_string('model', None, 'Output directory of a fine-tuning (--out of '
+                             'finetune): a sequence or token classifier.')
 _OUT = flags.DEFINE_string('out', None, 'Directory to write the Hugging Face model to.')
-flags.mark_flags_as_required(['workdir', 'out'])
+flags.mark_flags_as_required(['out'])
+flags.register_multi_flags_validator(
+    ['workdir', 'model'], lambda f: (f['workdir'] is None) != (f['model'] is None),
+    'name exactly one of --workdir (a pretraining run) and --model (a fine-tuned model).')
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to export (default: the latest).')
 _CORRECTION = flags.DEFINE_bool(
     'embedding_correction', False, 'Replace each token embedding by its expectation under '
@@ -26,6 +37,15 @@ _CORRECTION = flags.DEFINE_bool(
 
 
 def main() -> None:
+  if _MODEL.value:
+    if _CORRECTION.value:
+      raise configuration.ConfigError('--embedding_correction applies to a masked LM (--workdir), not to a '
+                       'fine-tuned model (--model).')
+    model = finetuned_export.export(_MODEL.value, _OUT.value, _STEP.value)
+    architecture = finetuned_export.ARCHITECTURES[model.model_cfg.variant, model.task == 'tag']
+    print(f'exported step {model.step} of {model.out_dir} ({model.task}, '
+          f'{len(model.labels or [0])} outputs) as {architecture} to {os.path.abspath(_OUT.value)}')
+    return
   run = export.export(_WORKDIR.value, _OUT.value, _STEP.value, _CORRECTION.value)
   note = ' with embedding correction' if _CORRECTION.value else ''
   print(f'exported step {run.step} of {run.workdir}{note} to {os.path.abspath(_OUT.value)}')

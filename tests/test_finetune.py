@@ -523,3 +523,22 @@ def test_modern_tagger_exports_as_modernbert_for_token_classification(tagged, tm
   out, _, evaluation = tagged
   diff = _export_matches_ours(out, evaluation, tmp_path, 'AutoModelForTokenClassification')
   assert diff <= 1e-5, diff
+
+
+def test_export_command_writes_the_library_export_of_a_fine_tuned_model(classified, pretrained,
+                                                                        tmp_path):
+  import subprocess
+  pytest.importorskip('transformers')
+  from mlm_jax.finetuning import export as export_lib
+  out, _ = classified
+  command = [sys.executable, '-m', 'mlm_jax.export', f'--out={tmp_path / "cmd"}']
+  result = subprocess.run(command + [f'--model={out}'], capture_output=True, text=True,
+                          check=True)
+  assert 'as BertForSequenceClassification to' in result.stdout, result.stdout
+  export_lib.export(out, str(tmp_path / 'lib'))
+  for name in ('config.json', 'model.safetensors', 'tokenizer.json'):
+    assert (tmp_path / 'cmd' / name).read_bytes() == (tmp_path / 'lib' / name).read_bytes(), name
+  both = subprocess.run(command + [f'--model={out}', f'--workdir={pretrained}'],
+                        capture_output=True, text=True)
+  assert both.returncode != 0
+  assert 'name exactly one of --workdir (a pretraining run) and --model' in both.stderr
