@@ -137,3 +137,29 @@ def test_commands_refuse_a_directory_that_is_not_a_run(tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2, bad.stderr[-2000:]
     assert f'error: {tmp_path} is not a training workdir (no config.json).' in bad.stderr
+
+
+@pytest.fixture(scope='module')
+def pretrained_modern(prepared, tmp_path_factory):
+  """A micro ModernBERT trained for 400 steps on the test corpus (stdlib docstrings)."""
+  config, _ = prepared
+  config = copy.deepcopy(config)
+  config.model.variant, config.model.layer_norm_eps, config.model.dropout_rate = 'modern', 1e-5, 0.0
+  config.train.adam_b2, config.train.learning_rate = 0.98, 5e-3
+  config.train.batch_size, config.train.num_steps, config.train.warmup_steps = 32, 400, 20
+  config.train.log_every, config.train.eval_every, config.train.checkpoint_every = 100, 400, 400
+  workdir = str(tmp_path_factory.mktemp('probe_modern'))
+  trainer.train_and_evaluate(config, workdir)
+  return workdir
+
+
+def test_pretrained_encoder_beats_its_random_init_on_sentence_length(pretrained_modern,
+                                                                     monkeypatch):
+  # Where the figures over 3 seeds and all tasks live: docs/probing.md.
+  monkeypatch.setattr(tasks, 'TASK_EXAMPLES', 1200)
+  report = runs.evaluate_run(pretrained_modern, seeds=2, task_names=('sentence_length',),
+                             cfg=_FAST, log=lambda s: None)
+  row = report['tasks'][0]
+  assert report['checkpoint_step'] == 400
+  assert all(r > f for r, f in zip(row['run']['seeds'], row['random']['seeds'])), row
+  assert row['run']['mean'] - row['random']['mean'] > 0.03, row
