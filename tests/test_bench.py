@@ -277,6 +277,8 @@ flags\t\t: fpu sse2 avx avx2 fma avx512f avx512dq avx512_vnni avx512_bf16 amx_bf
 
 _AMD_CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
 model name\t: AMD EPYC 7B13
 flags\t\t: fpu sse2 avx avx2 fma4 misalignsse
 """
@@ -285,12 +287,13 @@ flags\t\t: fpu sse2 avx avx2 fma4 misalignsse
 def test_cpuinfo_names_the_model_and_the_vector_extensions():
   intel = host_lib.parse_cpuinfo(_INTEL_CPUINFO)
   assert intel == {'model_name': 'Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz',
-                   'vendor': 'GenuineIntel',
+                   'vendor': 'GenuineIntel', 'family': None,
                    'extensions': ['AVX2', 'FMA', 'AVX512F', 'AVX512-VNNI', 'AVX512-BF16',
                                   'AMX-TILE', 'AMX-BF16']}
   # fma4 is not FMA (FMA3): flags match whole words.
   amd = host_lib.parse_cpuinfo(_AMD_CPUINFO)
-  assert amd == {'model_name': 'AMD EPYC 7B13', 'vendor': 'AuthenticAMD', 'extensions': ['AVX2']}
+  assert amd == {'model_name': 'AMD EPYC 7B13', 'vendor': 'AuthenticAMD',
+                 'family': 'family 25 model 1', 'extensions': ['AVX2']}
   # ARM Linux names no model: the platform's word for it, never None.
   assert host_lib.parse_cpuinfo('processor\t: 0\nFeatures\t: fp asimd\n')['model_name'] is None
   assert host_lib.describe(cpuinfo='')['cpu']['model_name']
@@ -298,7 +301,7 @@ def test_cpuinfo_names_the_model_and_the_vector_extensions():
 
 def test_host_summary_ties_figures_to_the_cpu_and_libraries():
   summary = host_lib.describe(cpuinfo=_AMD_CPUINFO)['summary']
-  assert summary.startswith('AMD EPYC 7B13, ') and ', AVX2, no AVX-512; jax ' in summary
+  assert summary.startswith('AMD EPYC 7B13 (family 25 model 1), ') and ', AVX2, no AVX-512; jax ' in summary
   intel = host_lib.describe(accelerator='NVIDIA H100 80GB HBM3', cpuinfo=_INTEL_CPUINFO)
   assert intel['summary'].startswith('NVIDIA H100 80GB HBM3; host Intel(R) Xeon(R)')
   assert 'AVX512-BF16+AMX-TILE+AMX-BF16; jax' in intel['summary']

@@ -43,8 +43,10 @@ def parse_cpuinfo(text: str) -> dict[str, Any]:
     text: the contents of /proc/cpuinfo.
 
   Returns:
-    {'model_name': str | None, 'vendor': str | None, 'extensions': [label, ...]},
-    the labels of EXTENSIONS present, in that table's order.
+    {'model_name': str | None, 'vendor': str | None, 'family': str | None,
+    'extensions': [label, ...]}: family is x86's 'family F model M', which tells
+    apart the generations that a virtual machine's generic name ('AMD EPYC')
+    hides; the labels of EXTENSIONS present, in that table's order.
   """
   fields: dict[str, str] = {}
   for line in text.splitlines():
@@ -55,8 +57,12 @@ def parse_cpuinfo(text: str) -> dict[str, Any]:
     key, _, value = line.partition(':')
     fields.setdefault(key.strip(), value.strip())
   flags = set(fields.get('flags', '').split())
+  family = None
+  if fields.get('cpu family') and fields.get('model'):
+    family = f"family {fields['cpu family']} model {fields['model']}"
   return {'model_name': fields.get('model name') or None,
           'vendor': fields.get('vendor_id') or None,
+          'family': family,
           'extensions': [label for label, flag in EXTENSIONS if flag in flags]}
 
 
@@ -110,7 +116,8 @@ def describe(accelerator: str | None = None, cpuinfo: str | None = None) -> dict
 
 
 def summary(host: dict[str, Any]) -> str:
-  """One line: 'AMD EPYC 7B13, 2 cores, AVX2+FMA, no AVX-512; jax 0.10.2, torch 2.13.0+cpu'."""
+  """One line: 'AMD EPYC 7B13 (family 25 model 1), 2 cores, AVX2+FMA, no AVX-512; jax 0.10.2,
+  torch 2.13.0+cpu'."""
   cpu, versions = host['cpu'], host['versions']
   logical, usable = cpu['logical_cores'], cpu['usable_cores']
   if usable is None or usable == logical:
@@ -120,7 +127,8 @@ def summary(host: dict[str, Any]) -> str:
   extensions = '+'.join(cpu['extensions']) or 'no AVX2'
   if 'AVX512F' not in cpu['extensions']:
     extensions += ', no AVX-512'
-  line = f'{cpu["model_name"]}, {cores}, {extensions}'
+  name = cpu['model_name'] + (f' ({cpu["family"]})' if cpu.get('family') else '')
+  line = f'{name}, {cores}, {extensions}'
   if host['accelerator']:
     line = f'{host["accelerator"]}; host {line}'
   libraries = ', '.join(f'{name} {versions[name]}' for name in ('jax', 'torch') if name in versions)
