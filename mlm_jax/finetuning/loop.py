@@ -95,7 +95,7 @@ def finetune(workdir: str, out_dir: str, task: str, train_path: str, eval_path: 
   evaluate = functools.partial(_evaluate, built.eval_step, task=task, data=data,
                                batch_size=config.eval.batch_size, mesh=mesh)
   stop = preemption.StopRequest(multi_process=jax.process_count() > 1)
-  step, last_eval, stopping, previous = start_step, {}, False, None
+  step, last_eval, stopping = start_step, {}, False
   try:
     with stop:
       while step < plan.num_steps and not stopping:
@@ -105,8 +105,6 @@ def finetune(workdir: str, out_dir: str, task: str, train_path: str, eval_path: 
         stop.poll(step)
         stopping = stop.requested
         log.add(step_metrics)
-        jax.block_until_ready(previous)   # One step queued at most, as in pretraining.
-        previous = step_metrics
         if step == start_step + 1:
           log.restart()   # The first step compiles: keep it out of the speed.
         final = step == plan.num_steps or stopping

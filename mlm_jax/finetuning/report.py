@@ -9,47 +9,34 @@ training/metrics.MetricsWriter, as pretraining's do.
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
 import jax
-from tqdm import tqdm
 
 from mlm_jax.finetuning import scores
 from mlm_jax.training import metrics as metrics_lib
 from mlm_jax.training import report as report_lib
 
 
-class FinetuneLog:
+class FinetuneLog(report_lib.IntervalLog):
   """Step metrics -> interval records, evaluation records and a progress bar."""
 
   def __init__(self, writer: metrics_lib.MetricsWriter, *, start_step: int, num_steps: int,
                show: bool, checkpoint_dir: str):
-    self._writer = writer
+    super().__init__(writer, start_step=start_step, num_steps=num_steps, show=show,
+                     checkpoint_dir=checkpoint_dir)
     self._show = show
-    self._checkpoint_dir = checkpoint_dir
-    self._pending: list[dict[str, jax.Array]] = []
-    self._untimed = 0   # Steps at the head of `_pending` whose time is not in the interval.
-    self._start = time.perf_counter()
-    self._progress = tqdm(total=num_steps, initial=start_step, unit='step', dynamic_ncols=True,
-                          disable=not (show and sys.stderr.isatty()))
-
-  def add(self, metrics: dict[str, jax.Array]) -> None:
-    self._pending.append(metrics)
-    self._progress.update(1)
 
   def restart(self) -> None:
     """Leaves the time since the interval began out of the speed (compile, evaluation)."""
     jax.block_until_ready(self._pending)
-    self._untimed = len(self._pending)
-    self._start = time.perf_counter()
+    super().restart()
 
   def write(self, step: int) -> dict[str, float]:
     """The interval's loss, accuracy, last learning rate, mean gradient norm and rows/s."""
-    host = jax.device_get(self._pending)
-    seconds = max(time.perf_counter() - self._start, 1e-9)
+    host, untimed, seconds = self._take_interval()
     weight = max(sum(float(m['weight_sum']) for m in host), 1.0)
-    timed_tokens = sum(float(m['num_tokens']) for m in host[self._untimed:])
+    timed_tokens = sum(float(m['num_tokens']) for m in host[untimed:])
     record = {'loss': sum(float(m['loss_sum']) for m in host) / weight,
               'learning_rate': float(host[-1]['learning_rate']),
               'grad_norm': sum(float(m['grad_norm']) for m in host) / len(host),
@@ -57,21 +44,14 @@ class FinetuneLog:
     if 'correct_sum' in host[0]:
       record['accuracy'] = sum(float(m['correct_sum']) for m in host) / weight
     report_lib.check_finite(record['loss'], step, self._checkpoint_dir)
-    self._writer.write(step, record)
+    self.writer.write(step, record)
     self._progress.set_postfix(loss=f'{record["loss"]:.4f}')
-    self._pending.clear()
-    self._untimed = 0
-    self._start = time.perf_counter()
     return record
 
   def write_eval(self, step: int, result: dict[str, Any]) -> None:
     """Records an evaluation and prints its line (e.g. 'step 40: eval accuracy 0.9375')."""
-    self._writer.write(step, {f'eval_{k}': v for k, v in result.items()})
+    self.writer.write(step, {f'eval_{k}': v for k, v in result.items()})
     if self._show:
       self._progress.write(scores.describe(step, result), file=sys.stdout)
       sys.stdout.flush()
     self.restart()
-
-  def close(self) -> None:
-    self._progress.close()
-    self._writer.close()

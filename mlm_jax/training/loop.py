@@ -73,7 +73,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       checkpoint_dir=checkpointer.directory)
   profiler = profiling.StepProfiler(workdir, config.profile, resumed_at=start_step)
   stop = preemption.StopRequest(multi_process=jax.process_count() > 1)
-  step, last_eval, stopping, previous = start_step, {}, False, None
+  step, last_eval, stopping = start_step, {}, False
   with stop, _closing(batches, profiler, log, checkpointer):
     while step < train.num_steps and not stopping:
       with profiler.step_context(step + 1):
@@ -83,10 +83,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       stop.poll(step)
       stopping = stop.requested  # Read once: a signal may land at any moment.
       log.add(step_metrics)
-      # At most one step waits behind the running one: a deeper queue gains nothing, and
-      # several devices of one process (XLA:CPU's) can deadlock in their collectives.
-      jax.block_until_ready(previous)
-      previous = step_metrics
       if profiler.after_step(step, (state, step_metrics)):
         log.restart()  # Tracing slowed these steps: keep them out of tokens/s.
       if step == start_step + 1:

@@ -25,17 +25,14 @@ from mlm_jax.training import step as step_lib
 from mlm_jax.training import summary
 
 
-class TrainingLog:
-  """Metrics of each log interval -> metrics.jsonl / TensorBoard, a progress bar, counters."""
+class IntervalLog:
+  """What pretraining's and fine-tuning's logs share: step metrics kept on the devices
+  until their log interval ends, the interval's clock, a progress bar, the writer."""
 
-  def __init__(self, writer: metrics_lib.MetricsWriter, feed: feed_lib.DeviceFeed, *,
-               start_step: int, num_steps: int, earlier_tokens: int | None, show: bool,
-               checkpoint_dir: str):
+  def __init__(self, writer: metrics_lib.MetricsWriter, *, start_step: int, num_steps: int,
+               show: bool, checkpoint_dir: str):
     self.writer = writer
     self._checkpoint_dir = checkpoint_dir
-    self.counters = summary.Counters()
-    self.earlier_tokens = earlier_tokens  # Seen before this invocation, if known.
-    self._feed = feed
     self._pending: list[dict[str, jax.Array]] = []
     self._untimed = 0   # Steps at the head of `_pending` whose time is not in the interval.
     self._start = time.perf_counter()
@@ -43,14 +40,52 @@ class TrainingLog:
                           disable=not (show and sys.stderr.isatty()))
 
   def add(self, metrics: dict[str, jax.Array]) -> None:
-    """Records one train step's metrics (still on the devices)."""
+    """Records one train step's metrics (still on the devices).
+
+    Waits for the step before it: at most one step is queued behind the
+    running one. A deeper queue gains nothing, and several devices of one
+    process (XLA:CPU's) can deadlock in their collectives with many steps in
+    flight.
+    """
+    if self._pending:
+      jax.block_until_ready(self._pending[-1])
     self._pending.append(metrics)
     self._progress.update(1)
 
   def restart(self) -> None:
-    """Leaves the time since the interval began (and its steps) out of tokens/s."""
+    """Leaves the time since the interval began (and its steps) out of the speed."""
     self._untimed = len(self._pending)
     self._start = time.perf_counter()
+
+  def _take_interval(self) -> tuple[list[dict[str, Any]], int, float]:
+    """(the interval's metrics on the host, its untimed steps, its seconds); a new interval."""
+    host = jax.device_get(self._pending)
+    seconds = max(time.perf_counter() - self._start, 1e-9)
+    untimed = self._untimed
+    self._pending.clear()
+    self._untimed = 0
+    self._start = time.perf_counter()
+    return host, untimed, seconds
+
+  def close(self) -> None:
+    self._progress.close()
+    self.writer.close()
+
+
+class TrainingLog(IntervalLog):
+  """Metrics of each log interval -> metrics.jsonl / TensorBoard, a progress bar, counters."""
+
+  def __init__(self, writer: metrics_lib.MetricsWriter, feed: feed_lib.DeviceFeed, *,
+               start_step: int, num_steps: int, earlier_tokens: int | None, show: bool,
+               checkpoint_dir: str):
+    super().__init__(writer, start_step=start_step, num_steps=num_steps, show=show,
+                     checkpoint_dir=checkpoint_dir)
+    self.counters = summary.Counters()
+    self.earlier_tokens = earlier_tokens  # Seen before this invocation, if known.
+    self._feed = feed
+
+  def restart(self) -> None:
+    super().restart()
     self._feed.take_wait()
 
   def first_step_done(self) -> float:
@@ -62,29 +97,21 @@ class TrainingLog:
 
   def write(self, step: int) -> dict[str, float]:
     """Writes the interval's record (loss, accuracy, lr, grad norm, speed, input wait)."""
-    host_metrics = jax.device_get(self._pending)
-    seconds = time.perf_counter() - self._start
+    host_metrics, untimed, seconds = self._take_interval()
     record = interval_means(host_metrics)
-    record.update(self.counters.add_interval(host_metrics, self._untimed, seconds))
+    record.update(self.counters.add_interval(host_metrics, untimed, seconds))
     # Near 0 when the host pipeline keeps up with the devices.
-    record['input_wait_fraction'] = min(self._feed.take_wait() / max(seconds, 1e-9), 1.0)
+    record['input_wait_fraction'] = min(self._feed.take_wait() / seconds, 1.0)
     if self.earlier_tokens is not None:
       record['tokens_seen'] = self.earlier_tokens + self.counters.tokens
     check_finite(record['loss'], step, self._checkpoint_dir)
     self.writer.write(step, record)
     self._progress.set_postfix(loss=f'{record["loss"]:.3f}', acc=f'{record["mlm_accuracy"]:.3f}')
-    self._pending.clear()
-    self._untimed = 0
-    self._start = time.perf_counter()
     return record
 
   def write_eval(self, step: int, result: dict[str, Any]) -> None:
     self.writer.write(step, {f'eval_{k}': v for k, v in result.items()})
     self.restart()
-
-  def close(self) -> None:
-    self._progress.close()
-    self.writer.close()
 
 
 def interval_means(metrics: list[dict[str, np.ndarray]]) -> dict[str, float]:
