@@ -58,6 +58,14 @@ def micro_config(corpus_glob: str, data_dir: str):
   return config
 
 
+def as_modern(config):
+  """A micro_config switched to variant 'modern', with a local window (8) narrower than the rows
+  and Hugging Face's LayerNorm epsilon, as the interop and fine-tuning tests want it."""
+  config.model.variant, config.model.local_attention = 'modern', 8
+  config.model.layer_norm_eps = 1e-5
+  return config
+
+
 @pytest.fixture(scope='session')
 def prepared(corpus_glob, tmp_path_factory):
   from mlm_jax.data import prepare

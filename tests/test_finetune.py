@@ -19,6 +19,7 @@ from mlm_jax.finetuning import model_dir
 from mlm_jax.finetuning import predict as predict_lib
 from mlm_jax.finetuning import scores
 from mlm_jax.training import loop as trainer
+from tests.conftest import as_modern
 from tests.conftest import micro_config
 
 # Words the stdlib-docstring tokenizer knows; MARKER decides the label.
@@ -145,9 +146,7 @@ def test_predict_writes_a_label_and_probabilities_per_row(classified, tmp_path):
 @pytest.fixture(scope='module')
 def pretrained_modern(prepared, corpus_glob, tmp_path_factory):
   """A micro ModernBERT pretraining run (4 steps; a local window narrower than the rows)."""
-  config = micro_config(corpus_glob, prepared[0].data.data_dir)
-  config.model.variant, config.model.local_attention = 'modern', 8
-  config.model.layer_norm_eps = 1e-5
+  config = as_modern(micro_config(corpus_glob, prepared[0].data.data_dir))
   config.train.num_steps, config.train.eval_every, config.train.checkpoint_every = 4, 4, 4
   workdir = str(tmp_path_factory.mktemp('pretrained_modern'))
   trainer.train_and_evaluate(config, workdir)

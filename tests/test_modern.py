@@ -23,6 +23,7 @@ from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.model import config as config_lib
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
+from tests.conftest import as_modern
 from tests.conftest import micro_config
 from tests.conftest import model_config
 
@@ -384,9 +385,7 @@ def exported_run(prepared, corpus_glob, tmp_path_factory):
   from mlm_jax.interop import export as export_lib
   from mlm_jax.training import loop as trainer
   _transformers()
-  config = micro_config(corpus_glob, prepared[0].data.data_dir)
-  config.model.variant, config.model.local_attention = 'modern', 8
-  config.model.layer_norm_eps = 1e-5
+  config = as_modern(micro_config(corpus_glob, prepared[0].data.data_dir))
   config.train.num_steps, config.train.eval_every, config.train.checkpoint_every = 4, 4, 4
   workdir = str(tmp_path_factory.mktemp('modern_run'))
   trainer.train_and_evaluate(config, workdir)

@@ -69,20 +69,25 @@ def test_unknown_task_is_refused_with_the_known_ones():
     tasks.make('parse_depth', 0, _words, 30)
 
 
-@pytest.fixture(scope='module')
-def pretrained(prepared, tmp_path_factory):
-  """A micro run trained for 100 steps on the test corpus (stdlib docstrings)."""
-  config, _ = prepared
-  config = copy.deepcopy(config)
-  config.train.num_steps = 100
-  config.train.warmup_steps = 10
-  config.train.log_every = 50
-  config.train.eval_every = 100
-  config.train.checkpoint_every = 100
+def _train(prepared, tmp_path_factory, name: str, changes: dict) -> str:
+  """A micro run without dropout on the test corpus (stdlib docstrings), with `changes`
+  ({'train.num_steps': 100, ...}) to its config: its workdir."""
+  config = copy.deepcopy(prepared[0])
   config.model.dropout_rate = 0.0
-  workdir = str(tmp_path_factory.mktemp('probe_run'))
+  for key, value in changes.items():
+    section, field = key.split('.')
+    config[section][field] = value
+  workdir = str(tmp_path_factory.mktemp(name))
   trainer.train_and_evaluate(config, workdir)
   return workdir
+
+
+@pytest.fixture(scope='module')
+def pretrained(prepared, tmp_path_factory):
+  """A micro run trained for 100 steps."""
+  return _train(prepared, tmp_path_factory, 'probe_run', {
+      'train.num_steps': 100, 'train.warmup_steps': 10, 'train.log_every': 50,
+      'train.eval_every': 100, 'train.checkpoint_every': 100})
 
 
 def test_evaluate_compares_the_run_with_a_random_init_of_its_shape_per_seed(pretrained,
@@ -141,16 +146,12 @@ def test_commands_refuse_a_directory_that_is_not_a_run(tmp_path):
 
 @pytest.fixture(scope='module')
 def pretrained_modern(prepared, tmp_path_factory):
-  """A micro ModernBERT trained for 400 steps on the test corpus (stdlib docstrings)."""
-  config, _ = prepared
-  config = copy.deepcopy(config)
-  config.model.variant, config.model.layer_norm_eps, config.model.dropout_rate = 'modern', 1e-5, 0.0
-  config.train.adam_b2, config.train.learning_rate = 0.98, 5e-3
-  config.train.batch_size, config.train.num_steps, config.train.warmup_steps = 32, 400, 20
-  config.train.log_every, config.train.eval_every, config.train.checkpoint_every = 100, 400, 400
-  workdir = str(tmp_path_factory.mktemp('probe_modern'))
-  trainer.train_and_evaluate(config, workdir)
-  return workdir
+  """A micro ModernBERT trained for 400 steps."""
+  return _train(prepared, tmp_path_factory, 'probe_modern', {
+      'model.variant': 'modern', 'model.layer_norm_eps': 1e-5, 'train.adam_b2': 0.98,
+      'train.learning_rate': 5e-3, 'train.batch_size': 32, 'train.num_steps': 400,
+      'train.warmup_steps': 20, 'train.log_every': 100, 'train.eval_every': 400,
+      'train.checkpoint_every': 400})
 
 
 def test_pretrained_encoder_beats_its_random_init_on_sentence_length(pretrained_modern,

@@ -15,7 +15,6 @@ import math
 import ml_collections
 from ml_collections import config_dict
 
-from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
 from mlm_jax.training import step as step_lib
 
@@ -126,12 +125,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
           '(0: picked from the model width).')
   require(0.0 <= t.warmup_fraction < 1.0,
           f'config.train.warmup_fraction={t.warmup_fraction} must be in [0, 1).')
-  one_of('train', 'schedule', t.schedule, step_lib.SCHEDULES)
-  one_of('train', 'decay_shape', t.decay_shape, step_lib.DECAY_SHAPES)
-  require(0 < t.decay_fraction <= 1,
-          f'config.train.decay_fraction={t.decay_fraction} must be in (0, 1].')
-  require(t.weight_decay >= 0, 'config.train.weight_decay must be >= 0.')
-  require(t.grad_clip_norm >= 0, 'config.train.grad_clip_norm must be >= 0 (0 disables).')
+  step_lib.check_optimizer(t)
   require(config.mesh.fsdp >= 1 and num_devices % config.mesh.fsdp == 0,
           f'config.mesh.fsdp={config.mesh.fsdp} must divide the {num_devices} devices.')
   for section in ('train', 'eval'):

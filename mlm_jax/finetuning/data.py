@@ -112,27 +112,27 @@ def _rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     raise DataError(f'{path}: unknown format; name it .jsonl, .csv or .tsv.')
   if not os.path.isfile(path):
     raise FileNotFoundError(f'{path}: no such file.')
-  _check_utf8(path)
-  with open(path, newline='', encoding='utf-8') as f:
-    if fmt == 'jsonl':
-      for number, line in enumerate(f, start=1):
-        if line.strip():
-          yield number, _json_object(path, number, line)
-      return
-    reader = csv.DictReader(f, delimiter='\t' if fmt == 'tsv' else ',')
-    for row in reader:
-      if None in row:   # More cells than the header names: a quoting problem, most likely.
-        raise DataError(f'{path} line {reader.line_num}: {len(row) - 1 + len(row[None])} '
-                        f'cells, but the header names {len(reader.fieldnames)} columns.')
-      yield reader.line_num, row
+  lines = _lines(path)
+  if fmt == 'jsonl':
+    for number, line in enumerate(lines, start=1):
+      if line.strip():
+        yield number, _json_object(path, number, line)
+    return
+  reader = csv.DictReader(lines, delimiter='\t' if fmt == 'tsv' else ',')
+  for row in reader:
+    if None in row:   # More cells than the header names: a quoting problem, most likely.
+      raise DataError(f'{path} line {reader.line_num}: {len(row) - 1 + len(row[None])} '
+                      f'cells, but the header names {len(reader.fieldnames)} columns.')
+    yield reader.line_num, row
 
 
-def _check_utf8(path: str) -> None:
-  """DataError naming the first line that is not UTF-8 (a text read fails without saying where)."""
+def _lines(path: str) -> Iterator[str]:
+  """The file's lines as text, line endings kept (as csv wants them); DataError naming the first
+  line that is not UTF-8 (a text-mode read fails without saying where)."""
   with open(path, 'rb') as f:
     for number, line in enumerate(f, start=1):
       try:
-        line.decode('utf-8')
+        yield line.decode('utf-8')
       except UnicodeDecodeError as e:
         raise DataError(f'{path} line {number}: not UTF-8 text ({e.reason} at byte {e.start} '
                         'of the line).') from e
@@ -401,7 +401,7 @@ def _pair_lengths(a: int, b: int, budget: int) -> tuple[int, int]:
   return budget - budget // 2, budget // 2   # Both cut; a tie takes from the second first.
 
 
-def _sequence_rows(pieces: Sequence[Sequence[Sequence[int]]],
+def sequence_rows(pieces: Sequence[Sequence[Sequence[int]]],
                    seq_len: int) -> tuple[np.ndarray, np.ndarray, int]:
   """Each row's texts (1 or 2 lists of ids) -> ([N, T] ids, [N, T] segments, rows truncated)."""
   ids = np.full((len(pieces), seq_len), tok_lib.PAD_ID, np.int32)
@@ -463,7 +463,7 @@ def encode(examples: Sequence[Example], task: str, tokenizer: tok_lib.Tokenizer,
     return Encoded(ids, np.zeros_like(ids), (ids != tok_lib.PAD_ID).astype(np.int32), targets,
                    weights, truncated, starts)
   pieces = _encode_nested(tokenizer, [e.texts for e in examples])
-  ids, segments, truncated = _sequence_rows(pieces, seq_len)
+  ids, segments, truncated = sequence_rows(pieces, seq_len)
   if not labelled:
     targets = np.zeros(len(examples), np.float32 if task == 'regress' else np.int32)
   elif task == 'regress':

@@ -31,14 +31,18 @@ def all_logits(logits_fn: Callable[[dict], jax.Array], encoded: data_lib.Encoded
   return np.concatenate(out)[:len(encoded)]
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+  """Log-probabilities over the last axis, computed stably."""
+  shifted = logits - logits.max(-1, keepdims=True)
+  return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
 def loss(task: str, logits: np.ndarray, encoded: data_lib.Encoded) -> float:
   """The mean loss over the targets (cross-entropy, or squared error for regress)."""
   w = encoded.weights
   if task == 'regress':
     return float(np.sum(w * (logits[:, 0] - encoded.targets) ** 2) / max(w.sum(), 1.0))
-  shifted = logits - logits.max(-1, keepdims=True)
-  log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-  picked = np.take_along_axis(log_probs, encoded.targets[..., None], -1)[..., 0]
+  picked = np.take_along_axis(log_softmax(logits), encoded.targets[..., None], -1)[..., 0]
   return float(-np.sum(w * picked) / max(w.sum(), 1.0))
 
 

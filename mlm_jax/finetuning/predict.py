@@ -64,8 +64,7 @@ def _logits_fn(model: model_dir.FineTunedModel):
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-  shifted = np.exp(logits - logits.max(-1, keepdims=True))
-  return shifted / shifted.sum(-1, keepdims=True)
+  return np.exp(evaluate_lib.log_softmax(logits))
 
 
 def records(model: model_dir.FineTunedModel, examples: list[data_lib.Example],

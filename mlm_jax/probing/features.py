@@ -1,7 +1,7 @@
 """Frozen encoder features for probing: every layer's output, mean-pooled per text.
 
-Texts are encoded as pretraining rows are ([CLS] pieces [SEP], cut to the
-run's T), run through the encoder with `all_layers` (the embeddings' output,
+Texts are encoded as fine-tuning's single texts are ([CLS] pieces [SEP],
+cut to the run's T), run through the encoder with `all_layers` (the embeddings' output,
 then each block's), and averaged over each text's real tokens: [L + 1, N, d].
 """
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.finetuning import data as data_lib
 
 _BATCH = 64
 
@@ -24,16 +25,10 @@ _BATCH = 64
 def encode(tokenizer: tok_lib.Tokenizer, texts: list[str],
            seq_len: int) -> tuple[dict[str, np.ndarray], int]:
   """(model inputs [N, T] for `texts`, how many texts were cut to fit T)."""
-  ids = tokenizer.encode(texts)
-  n = len(ids)
-  input_ids = np.zeros((n, seq_len), np.int32)
-  truncated = 0
-  for i, pieces in enumerate(ids):
-    truncated += len(pieces) > seq_len - 2
-    row = [tok_lib.CLS_ID, *pieces[:seq_len - 2], tok_lib.SEP_ID]
-    input_ids[i, :len(row)] = row
-  return {'input_ids': input_ids, 'segment_ids': np.zeros_like(input_ids),
-          'attention_mask': (input_ids != tok_lib.PAD_ID).astype(np.int32)}, truncated
+  ids, segments, truncated = data_lib.sequence_rows([[p] for p in tokenizer.encode(texts)],
+                                                    seq_len)
+  return {'input_ids': ids, 'segment_ids': segments,
+          'attention_mask': (ids != tok_lib.PAD_ID).astype(np.int32)}, truncated
 
 
 @functools.cache

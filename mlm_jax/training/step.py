@@ -368,20 +368,27 @@ def check_config(train: ml_collections.ConfigDict) -> None:
           f'config.train.learning_rate={train.learning_rate} must be positive.')
   # warmup_steps > num_steps is allowed: a short trial run of a long config.
   require(train.warmup_steps >= 0, f'config.train.warmup_steps={train.warmup_steps} must be >= 0.')
-  one_of('train', 'schedule', train.schedule, SCHEDULES)
-  one_of('train', 'decay_shape', train.decay_shape, DECAY_SHAPES)
-  require(0 < train.decay_fraction <= 1,
-          f'config.train.decay_fraction={train.decay_fraction} must be in (0, 1].')
+  check_optimizer(train)
   # The one-cycle peak must fall inside the run for the cycle to exist.
   require(train.schedule != 'one_cycle' or train.warmup_steps < train.num_steps,
           f"config.train.schedule='one_cycle' needs warmup_steps={train.warmup_steps} < "
           f"num_steps={train.num_steps}: lower warmup_steps or use 'linear' or 'wsd'.")
-  require(train.weight_decay >= 0, 'config.train.weight_decay must be >= 0.')
-  require(train.grad_clip_norm >= 0, 'config.train.grad_clip_norm must be >= 0 (0 disables).')
   require(train.grad_accum_steps >= 1,
           f'config.train.grad_accum_steps={train.grad_accum_steps} must be at least 1.')
   require(train.concurrent_chains >= 0,
           f'config.train.concurrent_chains={train.concurrent_chains} must be >= 0 (0: auto).')
+
+
+def check_optimizer(train: ml_collections.ConfigDict) -> None:
+  """ConfigError for the fields make_optimizer and learning_rate_schedule read beyond the
+  steps and the peak: schedule, its decay, weight decay, clipping (fine-tuning checks them so
+  too)."""
+  one_of('train', 'schedule', train.schedule, SCHEDULES)
+  one_of('train', 'decay_shape', train.decay_shape, DECAY_SHAPES)
+  require(0 < train.decay_fraction <= 1,
+          f'config.train.decay_fraction={train.decay_fraction} must be in (0, 1].')
+  require(train.weight_decay >= 0, 'config.train.weight_decay must be >= 0.')
+  require(train.grad_clip_norm >= 0, 'config.train.grad_clip_norm must be >= 0 (0 disables).')
 
 
 def concurrent_chains(train: ml_collections.ConfigDict, num_devices: int,
