@@ -16,7 +16,6 @@ same byte for byte. See docs/data.md#apache-beam.
 
 from __future__ import annotations
 
-import os
 import shlex
 import time
 
@@ -25,6 +24,7 @@ from absl import flags
 from mlm_jax import cli
 from mlm_jax import configuration as config_lib
 from mlm_jax.data import prepare
+from mlm_jax.runtime import cores
 
 _CONFIG = cli.config_flag()
 _BEAM = flags.DEFINE_bool('beam', False, 'Run the stages as Apache Beam pipelines.')
@@ -40,7 +40,7 @@ def main() -> None:
   config_lib.validate(config)
   beam_options = None
   if _BEAM.value or _BEAM_OPTIONS.value:
-    workers = config.data.num_workers or os.cpu_count() or 1
+    workers = config.data.num_workers or cores.usable_cores()
     beam_options = shlex.split(_BEAM_OPTIONS.value) or [
         '--runner=DirectRunner', f'--direct_num_workers={workers}',
         '--direct_running_mode=multi_processing']

@@ -3,6 +3,7 @@
 import functools
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -308,3 +309,28 @@ def test_host_summary_ties_figures_to_the_cpu_and_libraries():
   assert intel['versions']['jax'] == jax.__version__
   cpu = intel['cpu']
   assert 1 <= (cpu['usable_cores'] or cpu['logical_cores']) <= cpu['logical_cores']
+
+
+def test_thread_pools_are_sized_by_the_cpus_this_process_may_use(monkeypatch):
+  """taskset, a container's cpuset or a SLURM allocation narrows the affinity mask, not
+  os.cpu_count(): HF's threads and our concurrent chains follow the mask (with 2 of 16
+  cores usable, 16 PyTorch threads made HF's bert_tiny step about 5x slower)."""
+  torch = pytest.importorskip('torch')
+  pytest.importorskip('transformers')
+  from mlm_jax.interop import torch_mlm
+  from mlm_jax.runtime import cores
+  from mlm_jax.training import step as step_lib
+  monkeypatch.setattr(os, 'cpu_count', lambda: 16)
+  monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {5}, raising=False)
+  assert cores.usable_cores() == 1
+  config = bert_tiny.get_config()
+  assert step_lib.concurrent_chains(config.train, 1, 'cpu') == 1
+  vocab = config.tokenizer.vocab_size
+  cfg = model_lib.ModelConfig.from_config(config.model, vocab, tok_lib.padded_vocab_size(vocab),
+                                          jnp.float32)
+  before = torch.get_num_threads()
+  try:
+    torch_mlm.TorchMLM(config, cfg)
+    assert torch.get_num_threads() == 1
+  finally:
+    torch.set_num_threads(before)

@@ -60,6 +60,7 @@ from mlm_jax.config_check import require
 from mlm_jax.data import corpus as corpus_lib
 from mlm_jax.data import packing
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.runtime import cores
 
 FORMAT_VERSION = 1
 # Raw ids per array_record shard (rows = this / (4 T)).
@@ -260,7 +261,7 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Co
   # Each worker is one process with one thread for sentencepiece, except that
   # a corpus of one unit is tokenized here, with the threads the other
   # workers would have had: spawning would cost more than it saves.
-  requested = data.num_workers or os.cpu_count() or 1
+  requested = data.num_workers or cores.usable_cores()
   workers = min(requested, max(1, len(corpus.units)))
   init_args = (dataclasses.replace(corpus, units=[], tally=corpus_lib.Tally()),
                os.path.join(out, 'tokenizer.model'), data.val_fraction, data.split_seed,

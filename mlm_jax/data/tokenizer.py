@@ -22,6 +22,7 @@ import sentencepiece as spm
 
 from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
+from mlm_jax.runtime import cores
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
@@ -76,7 +77,7 @@ class Tokenizer:
   def encode(self, texts: Sequence[str], num_threads: int = 0) -> list[list[int]]:
     """Ids of each text, without [CLS]/[SEP]; num_threads 0: one per core."""
     return self._sp.encode(list(texts), out_type=int,
-                           num_threads=num_threads or os.cpu_count() or 1)
+                           num_threads=num_threads or cores.usable_cores())
 
   def decode(self, ids: Iterable[int]) -> str:
     return self._sp.decode([int(i) for i in ids])
@@ -348,7 +349,7 @@ def train_tokenizer(lines: Iterable[str], model_path: str, *, vocab_size: int,
       unk_id=UNK_ID, unk_piece='[UNK]',
       bos_id=-1, eos_id=-1,
       user_defined_symbols=list(SPECIAL_TOKENS[2:]),
-      num_threads=os.cpu_count() or 1,
+      num_threads=cores.usable_cores(),
       minloglevel=2,
   )
   with open(model_path, 'wb') as f:

@@ -15,7 +15,6 @@ The benchmark's peer (perf/hf_peer.py) times it; the side-by-side
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax.numpy as jnp
@@ -24,6 +23,7 @@ import numpy as np
 
 from mlm_jax import model as model_lib
 from mlm_jax.interop import hf as hf_lib
+from mlm_jax.runtime import cores
 
 
 def hf_model_name(variant: str) -> str:
@@ -39,7 +39,7 @@ class TorchMLM:
     torch = hf_lib.require('torch')
     transformers = hf_lib.require('transformers')
     self._torch = torch
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(cores.usable_cores())
     torch.manual_seed(config.seed)
     self.device = torch.device('cuda' if use_gpu else 'cpu')
     self.bf16 = jnp.dtype(model_cfg.dtype) == jnp.bfloat16

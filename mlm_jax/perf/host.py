@@ -13,6 +13,8 @@ import os
 import platform
 from typing import Any
 
+from mlm_jax.runtime import cores
+
 # Vector extensions that change CPU matmul speed: (label, /proc/cpuinfo flag).
 # AVX-512 is split into subsets (BF16 and FP16 matmuls need their own), and
 # AMX into its tile unit and the data types it multiplies.
@@ -74,14 +76,6 @@ def _read_cpuinfo() -> str:
     return ''
 
 
-def _usable_cores() -> int | None:
-  # The affinity mask, not the core count, bounds the threads that can run at once
-  # (taskset, container cpusets). Not available on macOS.
-  if hasattr(os, 'sched_getaffinity'):
-    return len(os.sched_getaffinity(0))
-  return None
-
-
 def _versions() -> dict[str, str]:
   # Read from the installed metadata, so torch is not imported by runs that do not use it.
   versions = {'python': platform.python_version()}
@@ -108,7 +102,7 @@ def describe(accelerator: str | None = None, cpuinfo: str | None = None) -> dict
   # Off Linux (or on ARM Linux, which names no model) the platform's word for it.
   cpu['model_name'] = (cpu['model_name'] or platform.processor() or platform.machine()
                        or 'unknown CPU')
-  cpu.update(logical_cores=os.cpu_count(), usable_cores=_usable_cores())
+  cpu.update(logical_cores=os.cpu_count(), usable_cores=cores.usable_cores())
   host = {'cpu': cpu, 'accelerator': accelerator, 'platform': platform.platform(),
           'versions': _versions()}
   host['summary'] = summary(host)
@@ -121,14 +115,14 @@ def summary(host: dict[str, Any]) -> str:
   cpu, versions = host['cpu'], host['versions']
   logical, usable = cpu['logical_cores'], cpu['usable_cores']
   if usable is None or usable == logical:
-    cores = f'{logical} cores'
+    core_text = f'{logical} cores'
   else:
-    cores = f'{usable} of {logical} cores usable'
+    core_text = f'{usable} of {logical} cores usable'
   extensions = '+'.join(cpu['extensions']) or 'no AVX2'
   if 'AVX512F' not in cpu['extensions']:
     extensions += ', no AVX-512'
   name = cpu['model_name'] + (f' ({cpu["family"]})' if cpu.get('family') else '')
-  line = f'{name}, {cores}, {extensions}'
+  line = f'{name}, {core_text}, {extensions}'
   if host['accelerator']:
     line = f'{host["accelerator"]}; host {line}'
   libraries = ', '.join(f'{name} {versions[name]}' for name in ('jax', 'torch') if name in versions)

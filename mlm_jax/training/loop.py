@@ -121,7 +121,9 @@ def _prepared_data(config: ml_collections.ConfigDict) -> prepare.PreparedData:
 def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
             init: ml_collections.ConfigDict) -> tuple[Any, int]:
   """(state, step): this workdir's latest checkpoint, else a Hugging Face BERT, else fresh."""
+  start = time.perf_counter()
   state = built.init_state()  # Initialised under jit straight into its sharding.
+  logging.info('Train state initialised in %.1fs', time.perf_counter() - start)
   start_step = checkpointer.latest_step() or 0
   if start_step:
     state = checkpointer.restore(start_step, state, built.model_cfg.shape_record())

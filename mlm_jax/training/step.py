@@ -8,7 +8,6 @@ never a mean of per-device means.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 from typing import Callable
 
@@ -23,6 +22,7 @@ from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
 from mlm_jax.data import masking
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.runtime import cores
 from mlm_jax.runtime import sharding
 
 Array = jax.Array
@@ -405,7 +405,7 @@ def concurrent_chains(train: ml_collections.ConfigDict, num_devices: int,
     return chains
   rows = train.batch_size // (num_devices * train.grad_accum_steps)
   platform = platform or jax.default_backend()
-  if (platform == 'cpu' and num_devices == 1 and (os.cpu_count() or 1) >= 2
+  if (platform == 'cpu' and num_devices == 1 and cores.usable_cores() >= 2
       and rows % 2 == 0):
     return 2
   return 1
