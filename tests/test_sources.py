@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import tracemalloc
 
 import numpy as np
@@ -517,3 +518,63 @@ def test_prepare_with_beam_options_of_an_unknown_runner_stops_before_any_work(tm
   assert bad.returncode == 2, bad.stderr[-2000:]
   assert 'error: --beam_options: Unexpected pipeline runner: NoSuchRunner' in bad.stderr
   assert not (tmp_path / 'data').exists() and not (tmp_path / 'data.partial').exists()
+
+
+def test_a_unit_read_ahead_tokenizes_as_one_read_from_the_corpus(tmp_path):
+  """packing.read_unit (stage 2's reading, done while the tokenizer trains) keeps what
+  tokenize_unit needs: the same ids, documents, splits and input tally, repaired bytes
+  included; its file is gone once the unit is done."""
+  src = tmp_path / 'src'
+  src.mkdir()
+  text = '\n\n'.join(DOCS[:120]).encode()
+  (src / 'a.txt').write_bytes(text[:5000] + b'\xff\xfe' + text[5000:])
+  config = _config(str(src / '*.txt'), tmp_path / 'data', val_fraction=0.2)
+  data = prepare.prepare(config)
+  source = corpus.resolve(config.data)
+  packing.init_worker(source, os.path.join(data.data_dir, 'tokenizer.model'),
+                      config.data.val_fraction, config.data.split_seed, config.data.seq_len, False)
+  direct, ahead = tmp_path / 'direct', tmp_path / 'ahead'
+  for d in (direct, ahead):
+    d.mkdir()
+  unit = source.units[0]
+  packing.tokenize_unit(0, unit, str(direct))
+  packing.read_unit(0, unit, str(ahead))
+  assert os.path.exists(packing.split_path(str(ahead), 0))
+  packing.tokenize_unit(0, unit, str(ahead))
+  assert sorted(os.listdir(ahead)) == ['000000']
+  a, b = direct / '000000', ahead / '000000'
+  assert (a / 'ids.bin').read_bytes() == (b / 'ids.bin').read_bytes()
+  with np.load(a / 'docs.npz') as x, np.load(b / 'docs.npz') as y:
+    for key in ('lengths', 'is_val'):
+      np.testing.assert_array_equal(x[key], y[key])
+    assert x['is_val'].any() and not x['is_val'].all()
+  tally = json.loads((a / 'tally.json').read_text())
+  assert tally == json.loads((b / 'tally.json').read_text())
+  assert tally['counts']['invalid_utf8_bytes'] == 2
+
+
+def test_work_meanwhile_is_dropped_or_finished_and_its_errors_left_to_the_stage(tmp_path):
+  """Pool.meanwhile: an in-process pool runs nothing ahead; a pool of workers runs the
+  tasks while the caller works, and a task that fails there raises nothing."""
+  units_dir = tmp_path / 'units'
+  units_dir.mkdir()
+  src = tmp_path / 'src'
+  src.mkdir()
+  (src / 'a.txt').write_text('\n\n'.join(DOCS[:20]))
+  config = _config(str(src / '*.txt'), tmp_path / 'data')
+  source = corpus.resolve(config.data)
+  args = (source, str(tmp_path / 'tokenizer.model'), 0.1, 0, 32, False)
+  # One task at a time beside this process, in order: the failing one (its directory
+  # is gone) runs first.
+  tasks = [(1, source.units[0], str(tmp_path / 'gone')), (0, source.units[0], str(units_dir))]
+  with packing.Pool(1, args) as pool, pool.meanwhile(packing.read_unit, tasks):
+    pass
+  assert not os.listdir(units_dir)
+  with packing.Pool(2, args) as pool:
+    with pool.meanwhile(packing.read_unit, tasks):
+      deadline = time.monotonic() + 60
+      while not os.path.exists(packing.split_path(str(units_dir), 0)):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+  # The failed task raised nothing here; the other was read.
+  assert sorted(os.listdir(units_dir)) == ['000000.read.npz']

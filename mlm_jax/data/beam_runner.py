@@ -20,6 +20,7 @@ Beam (the .[beam] extra).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -91,6 +92,12 @@ class BeamPool:
 
   def __exit__(self, *exc) -> None:
     pass
+
+  @contextlib.contextmanager
+  def meanwhile(self, fn: Callable, tasks: Iterable[tuple]) -> Iterator[None]:
+    """Nothing ahead: a Beam runner's workers are not idle processes of this one."""
+    del fn, tasks
+    yield
 
   def run(self, fn: Callable, tasks: Iterable[tuple], desc: str, total: int) -> None:
     self._pipeline(fn, list(tasks), desc, total, results_dir=None)

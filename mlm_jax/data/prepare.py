@@ -24,7 +24,8 @@ each spread over `config.data.num_workers` processes by units of the corpus
   1. tokenizer: one pass over the training documents, each unit sampling its
      lines by random keys; the at most config.tokenizer.max_sentences lines
      with the smallest keys over all units train sentencepiece (lines too
-     long for it are cut into pieces first).
+     long for it are cut into pieces first). Its training keeps about one
+     core busy; meanwhile the other workers read stage 2's units ahead.
   2. tokenize: each unit becomes units/NNNNNN/ (ids of its documents and
      their lengths and splits).
   3. pack and write, in the same processes: row r of a split is the slice
@@ -303,6 +304,15 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Co
   return report
 
 
+def _units_to_read(out: str, corpus: corpus_lib.Corpus) -> list[tuple]:
+  """packing.read_unit's tasks: the units stage 2 has neither tokenized nor read."""
+  units_dir = os.path.join(out, 'units')
+  os.makedirs(units_dir, exist_ok=True)
+  return [(i, u, units_dir) for i, u in enumerate(corpus.units)
+          if not os.path.isdir(os.path.join(units_dir, f'{i:06d}'))
+          and not os.path.exists(packing.split_path(units_dir, i))]
+
+
 def _tokenize_units(out: str, corpus: corpus_lib.Corpus, pool: packing.Pool,
                     workers: int) -> int:
   """Stage 2: out/units/NNNNNN/ for every unit not done yet; returns how many were to do."""
@@ -461,10 +471,13 @@ def _tokenizer(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Confi
     logging.info('Tokenizer training text: %s', summary[0])
     for left_out in summary[1:]:
       logging.warning('Tokenizer training text: %s', left_out)
-    tokenizer = tok_lib.train_tokenizer(
-        lines, tmp_path, vocab_size=tok.vocab_size, model_type=tok.model_type,
-        character_coverage=tok.character_coverage, max_sentences=tok.max_sentences,
-        seed=data.split_seed)
+    # Sentencepiece's training keeps about one core busy: the idle workers
+    # read stage 2's units meanwhile (packing.read_unit).
+    with pool.meanwhile(packing.read_unit, _units_to_read(out, corpus)):
+      tokenizer = tok_lib.train_tokenizer(
+          lines, tmp_path, vocab_size=tok.vocab_size, model_type=tok.model_type,
+          character_coverage=tok.character_coverage, max_sentences=tok.max_sentences,
+          seed=data.split_seed)
     del lines
     if tokenizer.vocab_size < tok.vocab_size:
       logging.warning('The corpus supports only %d tokenizer pieces, not the %d asked for '

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import os
 import re
 from collections.abc import Iterable
@@ -220,9 +221,13 @@ class LineSample:
   counts: dict[str, int]      # _COUNT_KEYS: everything the part held
 
   def smallest(self, k: int) -> LineSample:
+    """The k sentences of smallest (key, part, index), in the order they are held."""
     if len(self.sentences) <= k:
       return self
-    keep = np.sort(np.lexsort((self.where[:, 1], self.where[:, 0], self.keys))[:k])
+    kth = np.partition(self.keys, k - 1)[k - 1]
+    below, ties = np.flatnonzero(self.keys < kth), np.flatnonzero(self.keys == kth)
+    ties = ties[np.lexsort((self.where[ties, 1], self.where[ties, 0]))][:k - len(below)]
+    keep = np.sort(np.concatenate([below, ties]))
     return LineSample(self.keys[keep], self.where[keep], [self.sentences[i] for i in keep],
                       self.sizes[keep], self.counts)
 
@@ -243,9 +248,13 @@ def _empty_sample(counts: dict[str, int]) -> LineSample:
                     np.zeros(0, np.int64), counts)
 
 
-def _concat(a: LineSample, b: LineSample, counts: dict[str, int]) -> LineSample:
-  return LineSample(np.concatenate([a.keys, b.keys]), np.concatenate([a.where, b.where]),
-                    a.sentences + b.sentences, np.concatenate([a.sizes, b.sizes]), counts)
+def _join(parts: list[LineSample], counts: dict[str, int]) -> LineSample:
+  if len(parts) == 1:
+    return dataclasses.replace(parts[0], counts=counts)
+  return LineSample(np.concatenate([p.keys for p in parts]),
+                    np.concatenate([p.where for p in parts]),
+                    list(itertools.chain.from_iterable(p.sentences for p in parts)),
+                    np.concatenate([p.sizes for p in parts]), counts)
 
 
 def sample_part(lines: Iterable[str], max_lines: int, seed: int, part: int = 0,
@@ -269,7 +278,7 @@ def sample_part(lines: Iterable[str], max_lines: int, seed: int, part: int = 0,
     batch = LineSample(keys[low], np.stack([np.full(len(low), part, np.int64), indices[low]],
                                            axis=1),
                        [sentences[i] for i in low], np.asarray(sizes, np.int64)[low], counts)
-    return _concat(kept, batch, counts).smallest(max_lines)
+    return _join([kept, batch], counts).smallest(max_lines)
 
   for sentence, size in _sentences(lines, counts):
     sentences.append(sentence)
@@ -298,16 +307,19 @@ def merge_samples(parts: Iterable[LineSample], max_lines: int,
   sentencepiece would skip for holding U+2047.
   """
   counts = dict.fromkeys(_COUNT_KEYS, 0)
-  kept = _empty_sample(counts)
+  held, size = [_empty_sample(counts)], 0  # Joined only when they outgrow 2 * max_lines.
   for part in parts:
     for k in _COUNT_KEYS:
       counts[k] += part.counts[k]
-    kept = _concat(kept, part, counts)
-    if len(kept.sentences) > 2 * max_lines:
-      kept = kept.smallest(max_lines)
-    if bound is not None and len(kept.sentences) >= max_lines:
-      bound[0] = int(np.partition(kept.keys, max_lines - 1)[max_lines - 1]) + 1
-  kept = kept.smallest(max_lines)
+    held.append(part)
+    size += len(part.sentences)
+    if size > 2 * max_lines:
+      held = [_join(held, counts).smallest(max_lines)]
+      size = len(held[0].sentences)
+    if bound is not None and size >= max_lines:
+      keys = np.concatenate([p.keys for p in held])
+      bound[0] = int(np.partition(keys, max_lines - 1)[max_lines - 1]) + 1
+  kept = _join(held, counts).smallest(max_lines)
   order = np.lexsort((kept.where[:, 1], kept.where[:, 0]))
   sampled_bytes = int(kept.sizes.sum())
   usable = counts['sentences_seen'] - counts['reserved_sentences']
