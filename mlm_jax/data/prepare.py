@@ -67,6 +67,8 @@ FORMAT_VERSION = 1
 # Raw ids per array_record shard (rows = this / (4 T)).
 SHARD_BYTES = 64 << 20
 _SPLITS = ('train', 'validation')
+# Units read ahead while the tokenizer trains (_units_to_read).
+_READ_AHEAD_UNITS = 128
 
 
 class DataDirError(ValueError):
@@ -305,12 +307,16 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Co
 
 
 def _units_to_read(out: str, corpus: corpus_lib.Corpus) -> list[tuple]:
-  """packing.read_unit's tasks: the units stage 2 has neither tokenized nor read."""
+  """packing.read_unit's tasks: the first units stage 2 has neither tokenized nor read.
+
+  At most _READ_AHEAD_UNITS of them (about 2 GB of text in 16 MB units): a
+  long tokenizer training on a big corpus must not copy it all to disk.
+  """
   units_dir = os.path.join(out, 'units')
   os.makedirs(units_dir, exist_ok=True)
   return [(i, u, units_dir) for i, u in enumerate(corpus.units)
           if not os.path.isdir(os.path.join(units_dir, f'{i:06d}'))
-          and not os.path.exists(packing.split_path(units_dir, i))]
+          and not os.path.exists(packing.split_path(units_dir, i))][:_READ_AHEAD_UNITS]
 
 
 def _tokenize_units(out: str, corpus: corpus_lib.Corpus, pool: packing.Pool,
