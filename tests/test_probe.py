@@ -90,12 +90,16 @@ def pretrained(prepared, tmp_path_factory):
       'train.eval_every': 100, 'train.checkpoint_every': 100})
 
 
+def _evaluate(workdir: str, task: str, examples: int, monkeypatch) -> tuple[dict, dict]:
+  """evaluate_run on one task, 2 seeds, `examples` examples: (the report, the task's row)."""
+  monkeypatch.setattr(tasks, 'TASK_EXAMPLES', examples)
+  report = runs.evaluate_run(workdir, seeds=2, task_names=(task,), cfg=_FAST, log=lambda s: None)
+  return report, report['tasks'][0]
+
+
 def test_evaluate_compares_the_run_with_a_random_init_of_its_shape_per_seed(pretrained,
                                                                            monkeypatch):
-  monkeypatch.setattr(tasks, 'TASK_EXAMPLES', 800)
-  report = runs.evaluate_run(pretrained, seeds=2, task_names=('docstring_package',),
-                             cfg=_FAST, log=lambda s: None)
-  row = report['tasks'][0]
+  report, row = _evaluate(pretrained, 'docstring_package', 800, monkeypatch)
   assert row['examples'] == 800 and row['num_classes'] == 8 and len(row['best_single_layer']) == 2
   for kind in ('run', 'random'):
     scores = row[kind]['seeds']
@@ -157,10 +161,7 @@ def pretrained_modern(prepared, tmp_path_factory):
 def test_pretrained_encoder_beats_its_random_init_on_sentence_length(pretrained_modern,
                                                                      monkeypatch):
   # Where the figures over 3 seeds and all tasks live: docs/probing.md.
-  monkeypatch.setattr(tasks, 'TASK_EXAMPLES', 1200)
-  report = runs.evaluate_run(pretrained_modern, seeds=2, task_names=('sentence_length',),
-                             cfg=_FAST, log=lambda s: None)
-  row = report['tasks'][0]
+  report, row = _evaluate(pretrained_modern, 'sentence_length', 1200, monkeypatch)
   assert report['checkpoint_step'] == 400
   assert all(r > f for r, f in zip(row['run']['seeds'], row['random']['seeds'])), row
   assert row['run']['mean'] - row['random']['mean'] > 0.03, row

@@ -568,8 +568,8 @@ def test_work_meanwhile_is_dropped_or_finished_and_its_errors_left_to_the_stage(
   # is gone) runs first.
   tasks = [(1, source.units[0], str(tmp_path / 'gone')), (0, source.units[0], str(units_dir))]
   with packing.Pool(1, args) as pool, pool.meanwhile(packing.read_unit, tasks):
-    pass
-  assert not os.listdir(units_dir)
+    assert not os.listdir(units_dir)  # Nothing runs beside this process...
+  assert not os.listdir(units_dir)    # ...nor when it is done.
   with packing.Pool(2, args) as pool:
     with pool.meanwhile(packing.read_unit, tasks):
       deadline = time.monotonic() + 60

@@ -72,15 +72,23 @@ def _tokenizer() -> tok_lib.Tokenizer:
   return _WORKER['tokenizer']
 
 
-def train_lines(reader: corpus_lib.Corpus, unit: corpus_lib.Unit, val: tuple[float, int],
-                tally: corpus_lib.Tally, documents: list[int]) -> Iterator[str]:
-  """The stripped non-empty lines of a unit's training documents; counts them in documents[0]."""
+def document_pieces(unit: corpus_lib.Unit,
+                    tally: corpus_lib.Tally) -> Iterator[tuple[bool, str, bool]]:
+  """(first piece of a document, the piece sanitized, its document is held out) of a unit,
+  read from the corpus; what the unit's input held is counted in `tally`."""
   is_val = False
-  for first, piece in reader.pieces(unit, tally):
+  for first, piece in _WORKER['reader'].pieces(unit, tally):
     piece = tok_lib.sanitize(piece)
     if first:
-      is_val = is_validation(piece, *val)
-      documents[0] += not is_val
+      is_val = is_validation(piece, *_WORKER['val'])
+    yield first, piece, is_val
+
+
+def train_lines(unit: corpus_lib.Unit, tally: corpus_lib.Tally,
+                documents: list[int]) -> Iterator[str]:
+  """The stripped non-empty lines of a unit's training documents; counts them in documents[0]."""
+  for first, piece, is_val in document_pieces(unit, tally):
+    documents[0] += first and not is_val
     if not is_val:
       for line in piece.splitlines():
         if line := line.strip():
@@ -94,8 +102,8 @@ def sample_unit(index: int, unit: corpus_lib.Unit, max_lines: int, seed: int,
   Only sentences with keys below `below` come back (see tokenizer.merge_samples).
   """
   tally, documents = corpus_lib.Tally(), [0]
-  sample = tok_lib.sample_part(train_lines(_WORKER['reader'], unit, _WORKER['val'], tally,
-                                           documents), max_lines, seed, part=index, below=below)
+  sample = tok_lib.sample_part(train_lines(unit, tally, documents), max_lines, seed,
+                               part=index, below=below)
   return sample, documents[0], tally.to_json()
 
 
@@ -215,44 +223,33 @@ def read_unit(index: int, unit: corpus_lib.Unit, units_dir: str) -> None:
   document's split decided), with the tally of its input, so that stage 2
   only encodes them. About a third of stage 2's time on plain text.
   """
-  tally, texts, firsts, is_val = corpus_lib.Tally(), [], [], []
-  for first, piece in _WORKER['reader'].pieces(unit, tally):
-    piece = tok_lib.sanitize(piece)
-    if first:
-      is_val.append(is_validation(piece, *_WORKER['val']))
-    texts.append(piece.encode('utf-8', 'surrogatepass'))
-    firsts.append(first)
+  tally = corpus_lib.Tally()
+  pieces = list(document_pieces(unit, tally))
+  texts = [piece.encode('utf-8', 'surrogatepass') for _, piece, _ in pieces]
   path = split_path(units_dir, index)
   tmp = f'{path[:-len(".npz")]}.tmp-{os.getpid()}.npz'
   np.savez(tmp, text=np.frombuffer(b''.join(texts), np.uint8),
-           sizes=np.asarray([len(t) for t in texts], np.int64), first=np.asarray(firsts, bool),
-           is_val=np.asarray(is_val, bool), tally=np.asarray(json.dumps(tally.to_json())))
+           sizes=np.asarray([len(t) for t in texts], np.int64),
+           first=np.asarray([first for first, _, _ in pieces], bool),
+           held_out=np.asarray([held_out for _, _, held_out in pieces], bool),
+           tally=np.asarray(json.dumps(tally.to_json())))
   os.replace(tmp, path)
 
 
 def _unit_pieces(index: int, unit: corpus_lib.Unit, units_dir: str,
                  tally: corpus_lib.Tally) -> Iterator[tuple[bool, str, bool]]:
-  """(first piece of a document, sanitized piece, the document is held out) of a unit:
-  from read_unit's file if there is one, else from the corpus."""
+  """document_pieces of a unit: from read_unit's file if there is one, else from the corpus."""
   path = split_path(units_dir, index)
   if not os.path.exists(path):
-    is_val = False
-    for first, piece in _WORKER['reader'].pieces(unit, tally):
-      piece = tok_lib.sanitize(piece)
-      if first:
-        is_val = is_validation(piece, *_WORKER['val'])
-      yield first, piece, is_val
+    yield from document_pieces(unit, tally)
     return
   with np.load(path) as read:
-    text, sizes, firsts = read['text'].tobytes(), read['sizes'], read['first']
-    doc_is_val = iter(read['is_val'].tolist())
+    text, sizes = read['text'].tobytes(), read['sizes'].tolist()
+    firsts, held_out = read['first'].tolist(), read['held_out'].tolist()
     tally.add(json.loads(str(read['tally'])))
-  offset, is_val = 0, False
-  for size, first in zip(sizes.tolist(), firsts.tolist()):
-    if first:
-      is_val = next(doc_is_val)
-    yield first, text[offset:offset + size].decode('utf-8', 'surrogatepass'), is_val
-    offset += size
+  ends = list(itertools.accumulate(sizes))
+  for first, start, end, is_val in zip(firsts, [0, *ends], ends, held_out):
+    yield first, text[start:end].decode('utf-8', 'surrogatepass'), is_val
 
 
 def tokenize_unit(index: int, unit: corpus_lib.Unit, units_dir: str) -> None:
