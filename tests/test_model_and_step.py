@@ -8,6 +8,7 @@ import pytest
 from ml_collections import ConfigDict
 
 from mlm_jax import model as model_lib
+from mlm_jax.model import layers
 from mlm_jax.runtime import sharding
 from mlm_jax.training import step as step_lib
 from tests.conftest import model_config
@@ -133,6 +134,27 @@ def test_same_global_batch_same_loss_on_1_and_8_devices():
   assert losses8[-1] < losses8[0]
 
 
+@pytest.mark.parametrize('shape', [(64, 32, 128), (64, 32, 127)])
+def test_dropout_rate_scale_and_mesh_independence(shape):
+  x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
+  key = jax.random.key(3)
+  out = np.asarray(layers.dropout(x, 0.1, key))
+  kept = out != 0
+  # 262k draws: the kept fraction is 0.9 within 5 standard deviations (0.003).
+  assert abs(kept.mean() - 0.9) < 0.003
+  np.testing.assert_allclose(out[kept], np.asarray(x)[kept] / 0.9, rtol=1e-6)
+  # Elements of one row are not dropped in pairs (each 32-bit word decides two).
+  assert abs(np.mean(kept[..., :shape[-1] // 2] == kept[..., shape[-1] - shape[-1] // 2:])
+             - (0.9 ** 2 + 0.1 ** 2)) < 0.005
+  # The same mask with the rows spread over 8 devices as on one.
+  mesh = sharding.make_mesh()
+  spread = jax.jit(lambda v: layers.dropout(v, 0.1, key),
+                   in_shardings=sharding.batch_sharding(mesh),
+                   out_shardings=sharding.batch_sharding(mesh))(x)
+  np.testing.assert_array_equal(np.asarray(spread), out)
+  assert not np.array_equal(np.asarray(layers.dropout(x, 0.1, jax.random.key(4))), out)
+
+
 def test_dropout_is_a_function_of_seed_and_step():
   batches = [_batch(0)] * 2
   losses_a, _ = _run_steps(jax.devices()[:2], batches, _cfg())
@@ -150,6 +172,25 @@ def test_weight_decay_skips_biases_and_layer_norm():
   assert not flat['encoder/layer_0/attention/query/bias']
   assert not flat['encoder/layer_0/output_layer_norm/scale']
   assert not flat['mlm_head/output_bias']
+
+
+@pytest.mark.parametrize('max_norm', [0.05, 1.0, 1e3, float('inf')])
+def test_gradient_clip_matches_optax(max_norm):
+  rng = np.random.default_rng(0)
+  grads = {'a': jnp.asarray(rng.normal(size=(7, 5)), jnp.float32),
+           'b': {'c': jnp.asarray(rng.normal(size=(3,)), jnp.float32)}}   # Norm about 6.
+  ours = step_lib.clip_by_global_norm(max_norm)
+  theirs = optax.clip_by_global_norm(max_norm)
+  got, state = ours.update(grads, ours.init(grads))
+  want, _ = theirs.update(grads, theirs.init(grads))
+  # The same state (checkpoints are interchangeable) and the same clipped values.
+  assert jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(theirs.init(grads))
+  jax.tree_util.tree_map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-6), got, want)
+  norm = float(optax.tree.norm(got))
+  if max_norm < 6:
+    assert norm == pytest.approx(max_norm, rel=1e-6)
+  else:   # Below the threshold the gradients pass bit for bit.
+    jax.tree_util.tree_map(lambda g, w: np.testing.assert_array_equal(g, w), got, grads)
 
 
 def test_schedule_warms_up_linearly_then_decays_to_zero():

@@ -23,6 +23,7 @@ from mlm_jax import model as model_lib
 from mlm_jax.model import bert
 from mlm_jax.model import modern
 from mlm_jax.model.config import Array
+from mlm_jax.model.layers import Dropout
 from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import MLP
 from mlm_jax.model.layers import dense_init
@@ -53,7 +54,7 @@ class ClassifierHead(nn.Module):
       x = jnp.tanh(nn.Dense(cfg.hidden_size, dtype=cfg.dtype,
                             kernel_init=dense_init(cfg, (EMBED, MLP)), bias_init=zeros((MLP,)),
                             name='pooler')(x))
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    x = Dropout(self.dropout_rate)(x, deterministic=deterministic)
     return nn.Dense(self.num_outputs, dtype=cfg.dtype, kernel_init=dense_init(cfg, (MLP, None)),
                     bias_init=zeros((None,)), name='classifier')(x).astype(jnp.float32)
 

@@ -18,6 +18,7 @@ from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
 from mlm_jax.model.heads import MLMHead
 from mlm_jax.model.heads import SentencePairHead
+from mlm_jax.model.layers import Dropout
 from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import MLP
 from mlm_jax.model.layers import REMAT_POLICIES
@@ -54,7 +55,7 @@ class Embeddings(nn.Module):
     x += nn.Embed(cfg.type_vocab_size, cfg.hidden_size,
                   embedding_init=dense_init(cfg, (TABLE, EMBED)), name='segment')(segment_ids)
     x = layer_norm(cfg, 'layer_norm')(cfg.batch_split(x))
-    return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    return Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
 class TransformerBlock(nn.Module):
@@ -70,11 +71,11 @@ class TransformerBlock(nn.Module):
         bias_init=zeros(names[-1:]), name=name)
     x = cfg.batch_split(x)
     h = SelfAttention(cfg, name='attention')(x, key_mask, deterministic)
-    h = nn.Dropout(cfg.dropout_rate)(cfg.batch_split(h), deterministic=deterministic)
+    h = Dropout(cfg.dropout_rate)(cfg.batch_split(h), deterministic=deterministic)
     x = layer_norm(cfg, 'attention_layer_norm')(x + h)
     h = gelu(cfg.batch_split(dense(cfg.intermediate_size, (EMBED, MLP), 'intermediate')(x)))
     h = dense(cfg.hidden_size, (MLP, EMBED), 'output')(h)                   # h: [B, T, d_ff] above
-    h = nn.Dropout(cfg.dropout_rate)(cfg.batch_split(h), deterministic=deterministic)
+    h = Dropout(cfg.dropout_rate)(cfg.batch_split(h), deterministic=deterministic)
     return cfg.batch_split(layer_norm(cfg, 'output_layer_norm')(x + h))
 
 

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
+from mlm_jax.model.layers import Dropout
 from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import MLP
 from mlm_jax.model.layers import VOCAB
@@ -58,6 +59,6 @@ class SentencePairHead(nn.Module):
     cfg = self.cfg
     x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, MLP)),
                  bias_init=zeros((MLP,)), name='pooler')(sequence[:, 0])
-    x = nn.Dropout(cfg.dropout_rate)(jnp.tanh(x), deterministic=deterministic)
+    x = Dropout(cfg.dropout_rate)(jnp.tanh(x), deterministic=deterministic)
     return nn.Dense(2, kernel_init=dense_init(cfg, (MLP, None)), bias_init=zeros((None,)),
                     name='classifier')(x).astype(jnp.float32)

@@ -42,6 +42,7 @@ from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
 from mlm_jax.model.heads import MLMHead
 from mlm_jax.model.heads import SentencePairHead
+from mlm_jax.model.layers import Dropout
 from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import HEADS
 from mlm_jax.model.layers import KV
@@ -101,7 +102,7 @@ class ModernEmbeddings(nn.Module):
     x = nn.Embed(cfg.padded_vocab_size, cfg.hidden_size,
                  embedding_init=dense_init(cfg, (VOCAB, EMBED)), name='token')(input_ids)
     x = layer_norm(cfg, 'layer_norm', use_bias=False)(cfg.batch_split(x))
-    return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    return Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
 class ModernAttention(nn.Module):
@@ -120,7 +121,7 @@ class ModernAttention(nn.Module):
     out = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
                           kernel_init=dense_init(cfg, (HEADS, KV, EMBED), out_std(cfg)),
                           name='out')(out)
-    return nn.Dropout(cfg.attention_dropout_rate)(out, deterministic=deterministic)
+    return Dropout(cfg.attention_dropout_rate)(out, deterministic=deterministic)
 
 
 class GeGLU(nn.Module):
@@ -133,7 +134,7 @@ class GeGLU(nn.Module):
     h = nn.Dense(2 * cfg.intermediate_size, use_bias=False, dtype=cfg.dtype,
                  kernel_init=dense_init(cfg, (EMBED, MLP)), name='wi')(x)
     inputs, gate = jnp.split(cfg.batch_split(h), 2, axis=-1)
-    h = nn.Dropout(cfg.dropout_rate)(gelu(inputs) * gate, deterministic=deterministic)
+    h = Dropout(cfg.dropout_rate)(gelu(inputs) * gate, deterministic=deterministic)
     return nn.Dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
                     kernel_init=dense_init(cfg, (MLP, EMBED), out_std(cfg)), name='wo')(h)
 
