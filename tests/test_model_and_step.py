@@ -134,6 +134,28 @@ def test_same_global_batch_same_loss_on_1_and_8_devices():
   assert losses8[-1] < losses8[0]
 
 
+@pytest.mark.parametrize('lhs_shape, rhs_shape, dims', [
+    ((2, 5, 8), (8, 4, 3), (((2,), (0,)), ((), ()))),             # [d] -> [N, H]: a query projection.
+    ((2, 5, 4, 3), (4, 3, 8), (((2, 3), (0, 1)), ((), ()))),     # [N, H] -> [d]: the output one.
+    ((2, 5, 8), (8, 3, 2, 4), (((2,), (0,)), ((), ()))),          # [d] -> [3, N, H]: a fused qkv.
+    ((2, 5, 8), (3, 8, 4), (((2,), (1,)), ((), ()))),             # Not leading: lax.dot_general.
+    ((3, 5, 8), (3, 8, 4), (((2,), (1,)), ((0,), (0,)))),         # Batch axes: lax.dot_general.
+])
+def test_flat_dot_general_is_dot_general(lhs_shape, rhs_shape, dims):
+  rng = np.random.default_rng(0)
+  lhs = jnp.asarray(rng.normal(size=lhs_shape), jnp.float32)
+  rhs = jnp.asarray(rng.normal(size=rhs_shape), jnp.float32)
+  want = jax.lax.dot_general(lhs, rhs, dims)
+  got = layers.flat_dot_general(lhs, rhs, dims)
+  assert got.shape == want.shape
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  # And its gradients (the backward pass is what it is for).
+  loss = lambda f: lambda a, b: jnp.sum(f(a, b, dims) ** 2)
+  for g, w in zip(jax.grad(loss(layers.flat_dot_general), (0, 1))(lhs, rhs),
+                  jax.grad(loss(jax.lax.dot_general), (0, 1))(lhs, rhs)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize('shape', [(64, 32, 128), (64, 32, 127)])
 def test_dropout_rate_scale_and_mesh_independence(shape):
   x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)

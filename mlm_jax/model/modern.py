@@ -51,6 +51,7 @@ from mlm_jax.model.layers import REMAT_POLICIES
 from mlm_jax.model.layers import VOCAB
 from mlm_jax.model.layers import attend
 from mlm_jax.model.layers import dense_init
+from mlm_jax.model.layers import flat_dot_general
 from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
 
@@ -115,12 +116,13 @@ class ModernAttention(nn.Module):
     n, h = cfg.num_heads, cfg.hidden_size // cfg.num_heads
     # One projection to (q, k, v) as Hugging Face's Wqkv: [d, 3, N, H].
     qkv = nn.DenseGeneral((3, n, h), use_bias=False, dtype=cfg.dtype,
-                          kernel_init=dense_init(cfg, (EMBED, None, HEADS, KV)), name='qkv')(x)
+                          kernel_init=dense_init(cfg, (EMBED, None, HEADS, KV)),
+                          dot_general=flat_dot_general, name='qkv')(x)
     q, k, v = (cfg.batch_split(qkv[:, :, i]) for i in range(3))           # [B, T, N, H]
     out = attend(cfg, apply_rotary(q, rotary), apply_rotary(k, rotary), v, mask, deterministic)
     out = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
                           kernel_init=dense_init(cfg, (HEADS, KV, EMBED), out_std(cfg)),
-                          name='out')(out)
+                          dot_general=flat_dot_general, name='out')(out)
     return Dropout(cfg.attention_dropout_rate)(out, deterministic=deterministic)
 
 
