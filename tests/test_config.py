@@ -84,6 +84,16 @@ def test_batch_must_divide_over_devices():
   config_lib.validate(config, num_devices=4)
 
 
+def test_train_compiler_options_single_threaded_eigen_with_cpu_chains_only():
+  # This jaxlib's CPU compiler knows the option (the step would not compile otherwise).
+  assert step_lib.train_compiler_options('cpu', 2) == {'xla_cpu_multi_thread_eigen': False}
+  assert step_lib.train_compiler_options('cpu', 1) == {}
+  assert step_lib.train_compiler_options('tpu', 2) == {}
+  assert step_lib.train_compiler_options('gpu', 2) == {}
+  # An option this XLA does not know is left out rather than failing the compile.
+  assert not step_lib._cpu_compiler_accepts((('xla_cpu_no_such_option', True),))
+
+
 def test_concurrent_chains_auto_and_explicit():
   config = base.get_config()
   config.train.batch_size = 16
