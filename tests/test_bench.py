@@ -236,6 +236,16 @@ def test_concurrent_operations_share_the_wall_time():
   assert op_breakdown._wall_shares([(0, 1, 'a'), (3, 4, 'a')]) == {'a': 2.0}
 
 
+def test_asynchronous_operations_run_until_their_completion_event():
+  x = lambda name, ts, dur: {'ph': 'X', 'name': name, 'ts': ts, 'dur': dur}
+  events = [x('dot.1', 0, 1), x('fusion', 1, 2), x('end: fusion', 2.5, 0.5),   # Synchronous.
+            x('end: dot.1', 9, 1),                                         # dot.1 done at 10.
+            x('dot.1', 20, 1),                                             # No completion seen.
+            x('end: other', 30, 1), x('ThunkExecutor::Execute', 0, 40)]
+  got = op_breakdown._op_intervals(events, {'dot.1', 'fusion'})
+  assert sorted(got) == [(0, 10, 'dot.1'), (1, 3, 'fusion'), (20, 21, 'dot.1')]
+
+
 def test_torch_operations_are_sorted_into_the_same_categories():
   assert op_breakdown.categorize_torch('aten::addmm') == 'matmul: other'
   assert op_breakdown.categorize_torch('aten::native_layer_norm_backward') == 'layer norm'

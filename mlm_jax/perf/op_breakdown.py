@@ -20,6 +20,7 @@ overhead to both, so the totals can exceed the timed step.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import glob
 import gzip
@@ -96,6 +97,36 @@ def _wall_shares(events: list[tuple[float, float, str]]) -> dict[str, float]:
   return dict(out)
 
 
+def _op_intervals(trace_events: list[dict], names) -> list[tuple[float, float, str]]:
+  """(start, end, name) of every executed XLA operation in a trace.
+
+  An operation XLA:CPU runs asynchronously (Eigen's matmuls) has a trace
+  event that ends when it is dispatched, and an `end: NAME` event when it
+  completes, up to milliseconds later; its interval runs to the latter.
+  """
+  ops = [(e['ts'], e['ts'] + e['dur'], e['name']) for e in trace_events
+         if e.get('ph') == 'X' and e.get('name') in names]
+  completions = collections.defaultdict(list)
+  for e in trace_events:
+    name = e.get('name', '')
+    if e.get('ph') == 'X' and name.startswith('end: ') and name[5:] in names:
+      completions[name[5:]].append(e['ts'] + e.get('dur', 0))
+  starts = collections.defaultdict(list)
+  for start, _, name in ops:
+    starts[name].append(start)
+  for times in (*completions.values(), *starts.values()):
+    times.sort()
+  out = []
+  for start, end, name in ops:
+    # The first completion after this start and before the next start of the same operation.
+    done, own = completions.get(name, []), starts[name]
+    i, j = bisect.bisect_left(done, start), bisect.bisect_right(own, start)
+    if i < len(done) and (j == len(own) or done[i] <= own[j]):
+      end = max(end, done[i])
+    out.append((start, end, name))
+  return out
+
+
 def jax_breakdown(compiled_text: str, run_steps: Callable[[int], None],
                   steps: int) -> dict[str, Any]:
   """Traces `run_steps(steps)` with jax.profiler; per-step seconds by category, and the top ops."""
@@ -111,9 +142,7 @@ def jax_breakdown(compiled_text: str, run_steps: Callable[[int], None],
     paths = glob.glob(os.path.join(trace_dir, 'plugins', 'profile', '*', '*.trace.json.gz'))
     with gzip.open(sorted(paths)[-1]) as f:
       trace = json.load(f)
-  events = [(e['ts'], e['ts'] + e['dur'], e['name']) for e in trace['traceEvents']
-            if e.get('ph') == 'X' and e.get('name') in by_name]
-  shares = _wall_shares(events)
+  shares = _wall_shares(_op_intervals(trace['traceEvents'], by_name))
   seconds: collections.Counter = collections.Counter()
   for name, us in shares.items():
     ins = by_name[name]
