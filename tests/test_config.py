@@ -91,7 +91,7 @@ def test_train_compiler_options_single_threaded_eigen_with_cpu_chains_only():
   assert step_lib.train_compiler_options('tpu', 2) == {}
   assert step_lib.train_compiler_options('gpu', 2) == {}
   # An option this XLA does not know is left out rather than failing the compile.
-  assert not step_lib._cpu_compiler_accepts((('xla_cpu_no_such_option', True),))
+  assert not step_lib._cpu_compiler_accepts('xla_cpu_no_such_option', True)
 
 
 def test_concurrent_chains_auto_and_explicit():

@@ -71,7 +71,7 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
                                config.train.grad_accum_steps, config.sentence_pair.loss_weight,
                                chains, baseline_token),
       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0,
-      compiler_options=step_lib.train_compiler_options(platform, chains) or None)
+      compiler_options=step_lib.train_compiler_options(platform, chains))
   eval_step = jax.jit(step_lib.make_eval_step(baseline_token), in_shardings=(state_sh, batch_sh),
                       out_shardings=repl)
   return Built(model_cfg, abstract_state, train_step, eval_step, dropout_rng, chains, init)

@@ -447,18 +447,18 @@ def train_compiler_options(platform: str, chains: int) -> dict[str, Any]:
   of 62.6 ms and the tiny one 56.1 instead of 58.0 ms (alternating windows
   in one process), BERT-base at B=8 within noise (1,624 vs 1,615 ms).
   """
-  options = {'xla_cpu_multi_thread_eigen': False}
-  if platform == 'cpu' and chains > 1 and _cpu_compiler_accepts(tuple(options.items())):
-    return options
+  if platform == 'cpu' and chains > 1 and _cpu_compiler_accepts('xla_cpu_multi_thread_eigen',
+                                                                 False):
+    return {'xla_cpu_multi_thread_eigen': False}
   return {}
 
 
 @functools.cache
-def _cpu_compiler_accepts(options: tuple[tuple[str, Any], ...]) -> bool:
-  """Whether this jaxlib's CPU compiler knows these options (names come and go between versions)."""
+def _cpu_compiler_accepts(option: str, value: Any) -> bool:
+  """Whether this jaxlib's CPU compiler knows the option (names come and go between versions)."""
   try:
     x = jax.device_put(jnp.zeros(()), jax.local_devices(backend='cpu')[0])
-    jax.jit(lambda v: v + 1).lower(x).compile(compiler_options=dict(options))
+    jax.jit(lambda v: v + 1).lower(x).compile(compiler_options={option: value})
   except jax.errors.JaxRuntimeError:
     return False
   return True
