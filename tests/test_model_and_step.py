@@ -1,6 +1,7 @@
 """Model, loss and train step: properties a user relies on."""
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -154,6 +155,29 @@ def test_flat_dot_general_is_dot_general(lhs_shape, rhs_shape, dims):
   for g, w in zip(jax.grad(loss(layers.flat_dot_general), (0, 1))(lhs, rhs),
                   jax.grad(loss(jax.lax.dot_general), (0, 1))(lhs, rhs)):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('variant', ['bert', 'modern'])
+def test_every_matmul_of_the_backward_pass_contracts_one_axis(variant):
+  # A Dense on [B, T, d] differentiated as is gives weight gradients that
+  # contract B and T together; XLA:CPU then copies the output gradient
+  # transposed and runs a slow matmul (the tiny step: 15% of its time).
+  batch = _batch()
+  state = _state(_cfg(variant=variant, intermediate_size=64), batch)
+  jaxpr = jax.make_jaxpr(_loss_and_grads)(state, batch)
+
+  def dots(eqns):
+    for eqn in eqns:
+      if eqn.primitive.name == 'dot_general':
+        yield eqn
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        yield from dots(sub.eqns)
+
+  found = list(dots(jaxpr.eqns))
+  assert len(found) >= 3 * 6 * 2  # Forward and both gradients of each layer's six matmuls.
+  for eqn in found:
+    (lhs_contract, rhs_contract), _ = eqn.params['dimension_numbers']
+    assert len(lhs_contract) == len(rhs_contract) == 1, eqn
 
 
 @pytest.mark.parametrize('shape', [(64, 32, 128), (64, 32, 127)])

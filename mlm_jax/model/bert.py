@@ -26,6 +26,7 @@ from mlm_jax.model.layers import TABLE
 from mlm_jax.model.layers import VOCAB
 from mlm_jax.model.layers import SelfAttention
 from mlm_jax.model.layers import dense_init
+from mlm_jax.model.layers import flat_dot_general
 from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
 from mlm_jax.model.layers import zeros
@@ -68,7 +69,7 @@ class TransformerBlock(nn.Module):
     cfg = self.cfg
     dense = lambda features, names, name: nn.Dense(
         features, dtype=cfg.dtype, kernel_init=dense_init(cfg, names),
-        bias_init=zeros(names[-1:]), name=name)
+        bias_init=zeros(names[-1:]), dot_general=flat_dot_general, name=name)
     x = cfg.batch_split(x)
     h = SelfAttention(cfg, name='attention')(x, key_mask, deterministic)
     h = Dropout(cfg.dropout_rate)(cfg.batch_split(h), deterministic=deterministic)

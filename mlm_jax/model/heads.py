@@ -12,6 +12,7 @@ from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import MLP
 from mlm_jax.model.layers import VOCAB
 from mlm_jax.model.layers import dense_init
+from mlm_jax.model.layers import flat_dot_general
 from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
 from mlm_jax.model.layers import zeros
@@ -36,10 +37,13 @@ class MLMHead(nn.Module):
     x = cfg.batch_split(jnp.take_along_axis(sequence, masked_positions[..., None], axis=1))  # [B, P, d]
     x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, use_bias=self.use_bias,
                  kernel_init=dense_init(cfg, (EMBED, MLP), self.transform_std),
-                 bias_init=zeros((MLP,)), name='transform')(x)
+                 bias_init=zeros((MLP,)), dot_general=flat_dot_general, name='transform')(x)
     x = layer_norm(cfg, 'layer_norm', self.use_bias)(gelu(x))
     bias = self.param('output_bias', zeros((VOCAB,)), (cfg.padded_vocab_size,))
-    logits = jnp.einsum('bpd,vd->bpv', x, embedding.astype(cfg.dtype))
+    # As [B·P, d] @ [d, V]: the embedding's gradient contracts one axis, not B and P.
+    b, p, d = x.shape
+    logits = jnp.einsum('nd,vd->nv', x.reshape(b * p, d), embedding.astype(cfg.dtype))
+    logits = logits.reshape(b, p, -1)
     logits = logits.astype(jnp.float32) + bias
     if cfg.padded_vocab_size > cfg.vocab_size:
       # Rows past the tokenizer's vocabulary exist only for alignment.

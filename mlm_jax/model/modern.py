@@ -134,11 +134,13 @@ class GeGLU(nn.Module):
     """x [B, T, d] -> Wo(GELU(input)·gate) [B, T, d]; [input, gate] = Wi(x) [B, T, 2·d_ff]."""
     cfg = self.cfg
     h = nn.Dense(2 * cfg.intermediate_size, use_bias=False, dtype=cfg.dtype,
-                 kernel_init=dense_init(cfg, (EMBED, MLP)), name='wi')(x)
+                 kernel_init=dense_init(cfg, (EMBED, MLP)), dot_general=flat_dot_general,
+                 name='wi')(x)
     inputs, gate = jnp.split(cfg.batch_split(h), 2, axis=-1)
     h = Dropout(cfg.dropout_rate)(gelu(inputs) * gate, deterministic=deterministic)
     return nn.Dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
-                    kernel_init=dense_init(cfg, (MLP, EMBED), out_std(cfg)), name='wo')(h)
+                    kernel_init=dense_init(cfg, (MLP, EMBED), out_std(cfg)),
+                    dot_general=flat_dot_general, name='wo')(h)
 
 
 class ModernBlock(nn.Module):
