@@ -23,11 +23,11 @@ from mlm_jax import model as model_lib
 from mlm_jax.model import bert
 from mlm_jax.model import modern
 from mlm_jax.model.config import Array
+from mlm_jax.model.layers import Dense
 from mlm_jax.model.layers import Dropout
 from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import MLP
 from mlm_jax.model.layers import dense_init
-from mlm_jax.model.layers import flat_dot_general
 from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
 from mlm_jax.model.layers import zeros
@@ -47,18 +47,16 @@ class ClassifierHead(nn.Module):
     cfg = self.cfg
     x = sequence if self.per_token else sequence[:, 0]
     if cfg.variant == 'modern':
-      x = nn.Dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
-                   kernel_init=dense_init(cfg, (EMBED, MLP), modern.out_std(cfg)),
-                   dot_general=flat_dot_general, name='transform')(x)
+      x = Dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
+                kernel_init=dense_init(cfg, (EMBED, MLP), modern.out_std(cfg)), name='transform')(x)
       x = layer_norm(cfg, 'layer_norm', use_bias=False)(gelu(x))
     elif not self.per_token:
-      x = jnp.tanh(nn.Dense(cfg.hidden_size, dtype=cfg.dtype,
-                            kernel_init=dense_init(cfg, (EMBED, MLP)), bias_init=zeros((MLP,)),
-                            name='pooler')(x))
+      x = jnp.tanh(Dense(cfg.hidden_size, dtype=cfg.dtype,
+                         kernel_init=dense_init(cfg, (EMBED, MLP)), bias_init=zeros((MLP,)),
+                         name='pooler')(x))
     x = Dropout(self.dropout_rate)(x, deterministic=deterministic)
-    return nn.Dense(self.num_outputs, dtype=cfg.dtype, kernel_init=dense_init(cfg, (MLP, None)),
-                    bias_init=zeros((None,)), dot_general=flat_dot_general,
-                    name='classifier')(x).astype(jnp.float32)
+    return Dense(self.num_outputs, dtype=cfg.dtype, kernel_init=dense_init(cfg, (MLP, None)),
+                 bias_init=zeros((None,)), name='classifier')(x).astype(jnp.float32)
 
 
 class FineTuned(nn.Module):

@@ -18,6 +18,7 @@ from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
 from mlm_jax.model.heads import MLMHead
 from mlm_jax.model.heads import SentencePairHead
+from mlm_jax.model.layers import Dense
 from mlm_jax.model.layers import Dropout
 from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import MLP
@@ -26,7 +27,6 @@ from mlm_jax.model.layers import TABLE
 from mlm_jax.model.layers import VOCAB
 from mlm_jax.model.layers import SelfAttention
 from mlm_jax.model.layers import dense_init
-from mlm_jax.model.layers import flat_dot_general
 from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
 from mlm_jax.model.layers import zeros
@@ -67,9 +67,9 @@ class TransformerBlock(nn.Module):
   @nn.compact
   def __call__(self, x: Array, key_mask: Array, deterministic: bool) -> Array:
     cfg = self.cfg
-    dense = lambda features, names, name: nn.Dense(
+    dense = lambda features, names, name: Dense(
         features, dtype=cfg.dtype, kernel_init=dense_init(cfg, names),
-        bias_init=zeros(names[-1:]), dot_general=flat_dot_general, name=name)
+        bias_init=zeros(names[-1:]), name=name)
     x = cfg.batch_split(x)
     h = SelfAttention(cfg, name='attention')(x, key_mask, deterministic)
     h = Dropout(cfg.dropout_rate)(cfg.batch_split(h), deterministic=deterministic)

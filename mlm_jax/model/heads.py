@@ -7,12 +7,12 @@ import jax.numpy as jnp
 
 from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
+from mlm_jax.model.layers import Dense
 from mlm_jax.model.layers import Dropout
 from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import MLP
 from mlm_jax.model.layers import VOCAB
 from mlm_jax.model.layers import dense_init
-from mlm_jax.model.layers import flat_dot_general
 from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
 from mlm_jax.model.layers import zeros
@@ -35,9 +35,9 @@ class MLMHead(nn.Module):
     """sequence [B, T, d], masked_positions [B, P], embedding [V, d] -> logits [B, P, V]."""
     cfg = self.cfg
     x = cfg.batch_split(jnp.take_along_axis(sequence, masked_positions[..., None], axis=1))  # [B, P, d]
-    x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, use_bias=self.use_bias,
-                 kernel_init=dense_init(cfg, (EMBED, MLP), self.transform_std),
-                 bias_init=zeros((MLP,)), dot_general=flat_dot_general, name='transform')(x)
+    x = Dense(cfg.hidden_size, dtype=cfg.dtype, use_bias=self.use_bias,
+              kernel_init=dense_init(cfg, (EMBED, MLP), self.transform_std),
+              bias_init=zeros((MLP,)), name='transform')(x)
     x = layer_norm(cfg, 'layer_norm', self.use_bias)(gelu(x))
     bias = self.param('output_bias', zeros((VOCAB,)), (cfg.padded_vocab_size,))
     # As [B·P, d] @ [d, V]: the embedding's gradient contracts one axis, not B and P.
@@ -61,8 +61,8 @@ class SentencePairHead(nn.Module):
   def __call__(self, sequence: Array, deterministic: bool) -> Array:
     """sequence [B, T, d] -> logits [B, 2]."""
     cfg = self.cfg
-    x = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, MLP)),
-                 bias_init=zeros((MLP,)), name='pooler')(sequence[:, 0])
+    x = Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, MLP)),
+              bias_init=zeros((MLP,)), name='pooler')(sequence[:, 0])
     x = Dropout(cfg.dropout_rate)(jnp.tanh(x), deterministic=deterministic)
-    return nn.Dense(2, kernel_init=dense_init(cfg, (MLP, None)), bias_init=zeros((None,)),
-                    name='classifier')(x).astype(jnp.float32)
+    return Dense(2, kernel_init=dense_init(cfg, (MLP, None)), bias_init=zeros((None,)),
+                 name='classifier')(x).astype(jnp.float32)

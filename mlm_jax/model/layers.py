@@ -4,6 +4,7 @@ cuDNN's fused kernel) and BERT's self-attention."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -63,8 +64,9 @@ def flat_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None,
   and T together: XLA:CPU copied the output gradient transposed and ran a
   matmul at a third of the speed (the tiny step: 15% of its time). Merging
   the axes is a reshape of contiguous memory (free), and the matmul, both
-  ways, is that of a plain 2-D Dense. Given as nn.Dense's or
-  nn.DenseGeneral's `dot_general`; the parameters keep their shapes and names.
+  ways, is that of a plain 2-D Dense. Given as nn.Dense's and
+  nn.DenseGeneral's `dot_general` (`Dense`, `DenseGeneral` below); the
+  parameters keep their shapes and names.
   """
   (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
   k = len(lhs_contract)
@@ -78,6 +80,12 @@ def flat_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None,
                             (((1,), (0,)), ((), ())), precision=precision,
                             preferred_element_type=preferred_element_type)
   return out.reshape(*lead, *rest)
+
+
+# nn.Dense and nn.DenseGeneral with their products as 2-D matmuls (flat_dot_general):
+# the model's and the heads' dense layers, whatever the rank of their input.
+Dense = functools.partial(nn.Dense, dot_general=flat_dot_general)
+DenseGeneral = functools.partial(nn.DenseGeneral, dot_general=flat_dot_general)
 
 
 def dropout(x: Array, rate: float, key: Array) -> Array:
@@ -187,12 +195,11 @@ class SelfAttention(nn.Module):
     """x: [B, T, d], key_mask: [B, T] bool (True = real token) -> [B, T, d] (kernel: `attend`)."""
     cfg = self.cfg
     head_dim = cfg.hidden_size // cfg.num_heads
-    proj = lambda name: nn.DenseGeneral(
+    proj = lambda name: DenseGeneral(
         (cfg.num_heads, head_dim), dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, HEADS, KV)),
-        bias_init=zeros((HEADS, KV)), dot_general=flat_dot_general, name=name)
+        bias_init=zeros((HEADS, KV)), name=name)
     q, k, v = (cfg.batch_split(proj(name)(x)) for name in ('query', 'key', 'value'))  # [B, T, N, H]
     out = attend(cfg, q, k, v, key_mask, deterministic)
-    return nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), dtype=cfg.dtype,
-                           kernel_init=dense_init(cfg, (HEADS, KV, EMBED)),
-                           bias_init=zeros((EMBED,)), dot_general=flat_dot_general,
-                           name='out')(out)
+    return DenseGeneral(cfg.hidden_size, axis=(-2, -1), dtype=cfg.dtype,
+                        kernel_init=dense_init(cfg, (HEADS, KV, EMBED)),
+                        bias_init=zeros((EMBED,)), name='out')(out)

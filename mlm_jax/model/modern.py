@@ -42,6 +42,8 @@ from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
 from mlm_jax.model.heads import MLMHead
 from mlm_jax.model.heads import SentencePairHead
+from mlm_jax.model.layers import Dense
+from mlm_jax.model.layers import DenseGeneral
 from mlm_jax.model.layers import Dropout
 from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import HEADS
@@ -51,7 +53,6 @@ from mlm_jax.model.layers import REMAT_POLICIES
 from mlm_jax.model.layers import VOCAB
 from mlm_jax.model.layers import attend
 from mlm_jax.model.layers import dense_init
-from mlm_jax.model.layers import flat_dot_general
 from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
 
@@ -115,14 +116,13 @@ class ModernAttention(nn.Module):
     cfg = self.cfg
     n, h = cfg.num_heads, cfg.hidden_size // cfg.num_heads
     # One projection to (q, k, v) as Hugging Face's Wqkv: [d, 3, N, H].
-    qkv = nn.DenseGeneral((3, n, h), use_bias=False, dtype=cfg.dtype,
-                          kernel_init=dense_init(cfg, (EMBED, None, HEADS, KV)),
-                          dot_general=flat_dot_general, name='qkv')(x)
+    qkv = DenseGeneral((3, n, h), use_bias=False, dtype=cfg.dtype,
+                       kernel_init=dense_init(cfg, (EMBED, None, HEADS, KV)), name='qkv')(x)
     q, k, v = (cfg.batch_split(qkv[:, :, i]) for i in range(3))           # [B, T, N, H]
     out = attend(cfg, apply_rotary(q, rotary), apply_rotary(k, rotary), v, mask, deterministic)
-    out = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
-                          kernel_init=dense_init(cfg, (HEADS, KV, EMBED), out_std(cfg)),
-                          dot_general=flat_dot_general, name='out')(out)
+    out = DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
+                       kernel_init=dense_init(cfg, (HEADS, KV, EMBED), out_std(cfg)),
+                       name='out')(out)
     return Dropout(cfg.attention_dropout_rate)(out, deterministic=deterministic)
 
 
@@ -133,14 +133,12 @@ class GeGLU(nn.Module):
   def __call__(self, x: Array, deterministic: bool) -> Array:
     """x [B, T, d] -> Wo(GELU(input)·gate) [B, T, d]; [input, gate] = Wi(x) [B, T, 2·d_ff]."""
     cfg = self.cfg
-    h = nn.Dense(2 * cfg.intermediate_size, use_bias=False, dtype=cfg.dtype,
-                 kernel_init=dense_init(cfg, (EMBED, MLP)), dot_general=flat_dot_general,
-                 name='wi')(x)
+    h = Dense(2 * cfg.intermediate_size, use_bias=False, dtype=cfg.dtype,
+              kernel_init=dense_init(cfg, (EMBED, MLP)), name='wi')(x)
     inputs, gate = jnp.split(cfg.batch_split(h), 2, axis=-1)
     h = Dropout(cfg.dropout_rate)(gelu(inputs) * gate, deterministic=deterministic)
-    return nn.Dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
-                    kernel_init=dense_init(cfg, (MLP, EMBED), out_std(cfg)),
-                    dot_general=flat_dot_general, name='wo')(h)
+    return Dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
+                 kernel_init=dense_init(cfg, (MLP, EMBED), out_std(cfg)), name='wo')(h)
 
 
 class ModernBlock(nn.Module):
