@@ -47,7 +47,8 @@ def _flops_from_param_shapes(config) -> float:
   Every matmul weight of a block is used once per token (2 FLOPs forward, 4
   backward); the attention scores QKᵀ and the weighted sum of V each cost
   2·T·(N·H) per token and layer forward, N·H being the query projection's
-  output width; the head's transform and the tied embedding run on P of T rows.
+  output width; the head's transform and the tied embedding run on P of T
+  rows, and so does the last block, its key and value projections aside.
   """
   vocab = config.tokenizer.vocab_size
   cfg = model_lib.ModelConfig.from_config(config.model, vocab, tok_lib.padded_vocab_size(vocab),
@@ -60,14 +61,18 @@ def _flops_from_param_shapes(config) -> float:
   params = flax.traverse_util.flatten_dict(nn.unbox(variables['params']))
   table = params[('encoder', 'embeddings', 'token', 'embedding')].shape       # [V, d]
   d = table[-1]
-  # Block kernels, whether stored per layer or stacked over layers.
-  block_weights = sum(x.size for path, x in params.items()
-                      if path[0] == 'encoder' and 'embeddings' not in path and path[-1] == 'kernel')
+  last = f'layer_{cfg.num_layers - 1}'
+
+  def rows(path) -> float:  # The share of a token's rows a block kernel's product runs on.
+    return p / t if last in path and not {'key', 'value'} & set(path) else 1.0
+
+  kernels = {path: x for path, x in params.items()
+             if path[0] == 'encoder' and 'embeddings' not in path and path[-1] == 'kernel'}
+  block_flops = sum(6 * x.size * rows(path) for path, x in kernels.items())
   # The query projections' output widths N·H, summed over layers.
-  attention_width = sum(x.size for path, x in params.items()
-                        if 'query' in path and path[-1] == 'kernel') / d
+  attention_width = sum(x.size / d * rows(path) for path, x in kernels.items() if 'query' in path)
   head_weights = params[('mlm_head', 'transform', 'kernel')].size + math.prod(table)
-  return 6 * block_weights + 3 * (2 + 2) * t * attention_width + 6 * head_weights * p / t
+  return block_flops + 3 * (2 + 2) * t * attention_width + 6 * head_weights * p / t
 
 
 @pytest.mark.parametrize('get_config', [base.get_config, bert_tiny.get_config, _odd_config],
@@ -83,9 +88,15 @@ def test_flops_per_token_matches_the_count_from_parameter_shapes(get_config):
 
 
 def test_flops_per_token_of_bert_base_by_hand():
-  # 6·12·(4·768² + 2·768·3072) + 12·12·768·128 + 6·(768² + 768·32000)·20/128
+  # 6·11·(4·768² + 2·768·3072) + 6·(2·768² + (2·768² + 2·768·3072)·20/128)
+  # + 12·768·(11·128 + 20) + 6·(768² + 768·32000)·20/128
   assert flops_lib.flops_per_token(num_layers=12, hidden_size=768, intermediate_size=3072,
                                    seq_len=128, vocab_size=32000, max_predictions=20) == (
+                                       467_140_608 + 12_607_488 + 13_160_448 + 23_592_960)
+  # The last block on all 128 rows, as Hugging Face's step computes it.
+  assert flops_lib.flops_per_token(num_layers=12, hidden_size=768, intermediate_size=3072,
+                                   seq_len=128, vocab_size=32000, max_predictions=20,
+                                   last_block_rows=128) == (
                                        509_607_936 + 14_155_776 + 23_592_960)
 
 
@@ -212,8 +223,14 @@ def test_a_modernbert_config_is_timed_against_modernbert():
   ours, hf = result['ours'], result['hf']
   assert hf['num_params'] == ours['num_params']
   assert hf['masked_tokens_per_step'] == ours['masked_tokens_per_step']
-  # Its head, like ours, runs on the masked tokens only.
-  assert hf['flops_per_token_as_computed'] == result['flops_per_token']
+  # Its head, like ours, runs on the masked tokens only; its last block on every row.
+  vocab = config.tokenizer.vocab_size
+  cfg = model_lib.ModelConfig.from_config(config.model, vocab, tok_lib.padded_vocab_size(vocab),
+                                          jnp.float32)
+  t, p = config.data.seq_len, config.masking.max_predictions
+  assert result['flops_per_token'] == flops_lib.model_flops_per_token(cfg, t, p)
+  assert hf['flops_per_token_as_computed'] == flops_lib.model_flops_per_token(
+      cfg, t, p, last_block_rows=t) > result['flops_per_token']
   report = bench.format_report(result)
   assert 'ModernBertForMaskedLM' in report
   # Both steps' time by kind of operation: the matmuls of every part, found in both.

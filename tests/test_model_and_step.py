@@ -368,3 +368,52 @@ def test_grad_accumulation_matches_one_big_batch():
   assert norm1 == pytest.approx(norm4, rel=1e-4)
   for a, b in zip(jax.tree_util.tree_leaves(params1), jax.tree_util.tree_leaves(params4)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _full_then_gathered(module, batch):
+  """The reference for pretrain: every row of the encoder's output, then the masked slots."""
+  sequence = module.encoder(batch['input_ids'], batch['segment_ids'], batch['attention_mask'])
+  out = {'mlm_logits': module.mlm_logits(sequence, batch['masked_positions'])}
+  if module.cfg.sentence_pair_head:
+    out['sentence_pair_logits'] = module.sentence_pair(sequence, True)
+  return out
+
+
+@pytest.mark.parametrize('variant,pair,scan', [('bert', False, False), ('bert', True, False),
+                                               ('bert', False, True), ('modern', False, False),
+                                               ('modern', True, False)])
+def test_last_block_at_the_masked_slots_gives_the_full_encoders_loss_and_gradients(
+    variant, pair, scan):
+  # pretrain runs the last block on the masked slots (and [CLS]) only. Its
+  # outputs, loss and every gradient are those of the full encoder's output
+  # gathered at the slots. ModernBERT with 3 layers: the last one is local.
+  cfg = _cfg(variant=variant, num_layers=3, sentence_pair_head=pair, scan_layers=scan,
+             global_attn_every_n_layers=2, local_attention=8, dropout_rate=0.0,
+             attention_dropout_rate=0.0)
+  batch = _batch()
+  state = _state(cfg, batch)
+
+  def loss(params, method):
+    out = state.apply_fn({'params': params}, batch, method=method)
+    t = step_lib.mlm_loss_terms(out['mlm_logits'], batch['masked_ids'], batch['masked_weights'])
+    return t['loss_sum'] / t['weight_sum'] + jnp.sum(out.get('sentence_pair_logits', 0.0)), out
+
+  (loss_rows, out_rows), grads_rows = jax.value_and_grad(loss, has_aux=True)(
+      state.params, 'pretrain')
+  (loss_full, out_full), grads_full = jax.value_and_grad(loss, has_aux=True)(
+      state.params, _full_then_gathered)
+  assert sorted(out_rows) == sorted(out_full) == (
+      ['mlm_logits', 'sentence_pair_logits'] if pair else ['mlm_logits'])
+  for name in out_rows:
+    np.testing.assert_allclose(out_rows[name], out_full[name], rtol=1e-5, atol=1e-5)
+  assert float(loss_rows) == pytest.approx(float(loss_full), rel=1e-6)
+  flat_rows = jax.tree_util.tree_leaves_with_path(grads_rows)
+  flat_full = dict(jax.tree_util.tree_leaves_with_path(grads_full))
+  for path, g in flat_rows:
+    np.testing.assert_allclose(g, flat_full[path], rtol=1e-4, atol=1e-6,
+                               err_msg=jax.tree_util.keystr(path))
+  # And it computes less (the scanned encoder runs its last block in full).
+  flops = lambda method: jax.jit(jax.grad(lambda p: loss(p, method)[0])).lower(
+      state.params).cost_analysis()['flops']
+  assert (flops('pretrain') == flops(_full_then_gathered)) if scan else (
+      flops('pretrain') < 0.9 * flops(_full_then_gathered))

@@ -190,8 +190,14 @@ def test_model_flops_count_the_geglu_mlp_and_the_local_windows():
   block_weights = sum(x.size for path, x in traverse_util.flatten_dict(params['encoder']).items()
                       if path[-1] == 'kernel')
   assert block_weights == 3 * (4 * 64 * 64 + 3 * 64 * 96)  # q, k, v, out; GeGLU in (2F) and out.
-  expected = 6 * block_weights + 12 * 64 * (T + 9 + T) + 6 * (64 * 64 + 64 * 384) * 5 / T
+  # The last block (global) computes its keys and values for every row, the
+  # rest (q, out, GeGLU; 2·64·64 + 3·64·96 weights) for the 5 masked slots.
+  last_rows = 2 * 64 * 64 + 3 * 64 * 96
+  expected = (6 * (block_weights - last_rows * (1 - 5 / T)) + 12 * 64 * (T + 9 + T * 5 / T)
+              + 6 * (64 * 64 + 64 * 384) * 5 / T)
   assert flops.model_flops_per_token(cfg, T, 5) == pytest.approx(expected, rel=1e-12)
+  assert flops.model_flops_per_token(cfg, T, 5, last_block_rows=T) == pytest.approx(
+      6 * block_weights + 12 * 64 * (T + 9 + T) + 6 * (64 * 64 + 64 * 384) * 5 / T, rel=1e-12)
   # BERT's count is unchanged: every block sees all T keys, two MLP matrices.
   bert = model_config(num_layers=3, hidden_size=64, num_heads=4, intermediate_size=96)
   assert flops.model_flops_per_token(bert, T, 5) == flops.flops_per_token(

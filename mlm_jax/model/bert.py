@@ -29,6 +29,7 @@ from mlm_jax.model.layers import SelfAttention
 from mlm_jax.model.layers import dense_init
 from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
+from mlm_jax.model.layers import take_rows
 from mlm_jax.model.layers import zeros
 
 
@@ -65,13 +66,22 @@ class TransformerBlock(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x: Array, key_mask: Array, deterministic: bool) -> Array:
+  def __call__(self, x: Array, key_mask: Array, deterministic: bool,
+               rows: Array | None = None) -> Array:
+    """x [B, T, d] -> [B, T, d]; with rows [B, Q] only those rows' outputs, [B, Q, d].
+
+    Each row's output depends on the others only through attention's keys
+    and values: the rows' queries attend to all T tokens, and the rest of
+    the block runs on the Q rows alone.
+    """
     cfg = self.cfg
     dense = lambda features, names, name: Dense(
         features, dtype=cfg.dtype, kernel_init=dense_init(cfg, names),
         bias_init=zeros(names[-1:]), name=name)
-    x = cfg.batch_split(x)
-    h = SelfAttention(cfg, name='attention')(x, key_mask, deterministic)
+    context = x = cfg.batch_split(x)
+    if rows is not None:
+      x = cfg.batch_split(take_rows(x, rows))
+    h = SelfAttention(cfg, name='attention')(x, key_mask, deterministic, context)
     h = Dropout(cfg.dropout_rate)(cfg.batch_split(h), deterministic=deterministic)
     x = layer_norm(cfg, 'attention_layer_norm')(x + h)
     h = gelu(cfg.batch_split(dense(cfg.intermediate_size, (EMBED, MLP), 'intermediate')(x)))
@@ -106,15 +116,20 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, input_ids: Array, segment_ids: Array, attention_mask: Array,
                deterministic: bool = True, return_all_layers: bool = False,
-               positions: Array | None = None) -> Array:
+               positions: Array | None = None, output_rows: Array | None = None) -> Array:
     """[B, T] ids -> [B, T] contextual embeddings [B, T, d].
 
     `positions` [B, T]: each token's position in the original row (default
     0..T-1); DropToken passes the positions of the tokens it kept.
     With return_all_layers: [L + 1, B, T, d], the embeddings' output (index 0)
     and then every block's, the last being the usual output.
+    `output_rows` [B, Q] (indices into T): only those rows' outputs, [B, Q, d],
+    the same values as the full output's rows. The last block computes them
+    alone (see TransformerBlock); with scan_layers it runs in full and the
+    rows are taken from its output.
     """
     cfg = self.cfg
+    check_output_rows(output_rows, return_all_layers)
     x = Embeddings(cfg, name='embeddings')(input_ids, segment_ids, positions, deterministic)
     key_mask = attention_mask.astype(bool)
     if cfg.scan_layers:
@@ -123,12 +138,21 @@ class Encoder(nn.Module):
                        split_rngs={'params': True, 'dropout': True}, in_axes=nn.broadcast,
                        length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: 'layers'})
       out, every = blocks(cfg, deterministic, return_all_layers, name='layers')(x, key_mask)
-      return jnp.concatenate([x[None], every]) if return_all_layers else out
+      if return_all_layers:
+        return jnp.concatenate([x[None], every])
+      return out if output_rows is None else take_rows(out, output_rows)
     layers = [x]
     for i in range(cfg.num_layers):
-      x = _block_class(cfg)(cfg, name=f'layer_{i}')(x, key_mask, deterministic)
+      rows = output_rows if i == cfg.num_layers - 1 else None
+      x = _block_class(cfg)(cfg, name=f'layer_{i}')(x, key_mask, deterministic, rows)
       layers.append(x)
     return jnp.stack(layers) if return_all_layers else x
+
+
+def check_output_rows(output_rows: Array | None, return_all_layers: bool) -> None:
+  if output_rows is not None and return_all_layers:
+    raise ValueError('output_rows and return_all_layers exclude each other: '
+                     'every layer is returned in full.')
 
 
 def stack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
@@ -202,20 +226,29 @@ class BertForMLM(nn.Module):
     if self.cfg.drop_token_rate > 0 and not deterministic and 'masked_weights' in batch:
       inputs = drop_tokens(batch, self.cfg.drop_token_rate, self.make_rng('dropout'))
       positions = inputs['positions']
-    sequence = self.encoder(inputs['input_ids'], inputs['segment_ids'], inputs['attention_mask'],
-                            deterministic, positions=positions)
-    out = {'mlm_logits': self.mlm_logits(sequence, inputs['masked_positions'])}
+    # The encoder's output is needed at the masked slots only (and at [CLS],
+    # row 0, for the sentence-pair head): its last block computes those rows.
+    rows = inputs['masked_positions']
     if self.cfg.sentence_pair_head:
-      out['sentence_pair_logits'] = self.sentence_pair(sequence, deterministic)
-    return out
+      rows = jnp.concatenate([jnp.zeros_like(rows[:, :1]), rows], axis=1)
+    sequence = self.encoder(inputs['input_ids'], inputs['segment_ids'], inputs['attention_mask'],
+                            deterministic, positions=positions, output_rows=rows)
+    if not self.cfg.sentence_pair_head:
+      return {'mlm_logits': self.mlm_logits(sequence)}
+    return {'mlm_logits': self.mlm_logits(sequence[:, 1:]),
+            'sentence_pair_logits': self.sentence_pair(sequence, deterministic)}
 
   def all_layers(self, batch: dict[str, Array], deterministic: bool = True) -> Array:
     """[L + 1, B, T, d]: the embeddings' output, then each block's."""
     return self.encoder(batch['input_ids'], batch['segment_ids'], batch['attention_mask'],
                         deterministic, return_all_layers=True)
 
-  def mlm_logits(self, sequence: Array, masked_positions: Array) -> Array:
-    """sequence [B, T, d], masked_positions [B, P] -> logits [B, P, V] (tied embedding)."""
+  def mlm_logits(self, sequence: Array, masked_positions: Array | None = None) -> Array:
+    """sequence [B, T, d], masked_positions [B, P] -> logits [B, P, V] (tied embedding).
+
+    Without masked_positions, sequence is already the encoder's output at
+    the masked slots, [B, P, d].
+    """
     # Boxed with its logical axis names while the model is being initialised.
     embedding = nn.unbox(self.encoder.variables['params']['embeddings']['token']['embedding'])
     return self.mlm_head(sequence, masked_positions, embedding)

@@ -15,6 +15,7 @@ from mlm_jax.model.layers import VOCAB
 from mlm_jax.model.layers import dense_init
 from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
+from mlm_jax.model.layers import take_rows
 from mlm_jax.model.layers import zeros
 
 
@@ -31,10 +32,15 @@ class MLMHead(nn.Module):
   transform_std: float | None = None  # None: cfg.initializer_range.
 
   @nn.compact
-  def __call__(self, sequence: Array, masked_positions: Array, embedding: Array) -> Array:
-    """sequence [B, T, d], masked_positions [B, P], embedding [V, d] -> logits [B, P, V]."""
+  def __call__(self, sequence: Array, masked_positions: Array | None, embedding: Array) -> Array:
+    """sequence [B, T, d], masked_positions [B, P], embedding [V, d] -> logits [B, P, V].
+
+    masked_positions None: sequence is already at the masked slots, [B, P, d].
+    """
     cfg = self.cfg
-    x = cfg.batch_split(jnp.take_along_axis(sequence, masked_positions[..., None], axis=1))  # [B, P, d]
+    if masked_positions is not None:
+      sequence = take_rows(sequence, masked_positions)
+    x = cfg.batch_split(sequence)                                           # [B, P, d]
     x = Dense(cfg.hidden_size, dtype=cfg.dtype, use_bias=self.use_bias,
               kernel_init=dense_init(cfg, (EMBED, MLP), self.transform_std),
               bias_init=zeros((MLP,)), name='transform')(x)
@@ -59,7 +65,7 @@ class SentencePairHead(nn.Module):
 
   @nn.compact
   def __call__(self, sequence: Array, deterministic: bool) -> Array:
-    """sequence [B, T, d] -> logits [B, 2]."""
+    """sequence [B, T or fewer, d], its row 0 the [CLS] token's -> logits [B, 2]."""
     cfg = self.cfg
     x = Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, MLP)),
               bias_init=zeros((MLP,)), name='pooler')(sequence[:, 0])

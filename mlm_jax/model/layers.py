@@ -136,11 +136,17 @@ def uses_cudnn_attention(cfg: ModelConfig) -> bool:
   return attention_kernel(cfg) == 'cudnn'
 
 
+def take_rows(x: Array, rows: Array) -> Array:
+  """x [B, T, ...] at rows [B, Q] (indices into T) -> [B, Q, ...]; x's batch may be 1."""
+  return jnp.take_along_axis(x, rows.reshape(rows.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
 def softmax_attention(q: Array, k: Array, v: Array, key_mask: Array,
                       dropout=lambda w: w) -> Array:
-  """softmax(q·kᵀ/√H, keys masked)·v for q, k, v [B, T, N, H] -> [B, T, N, H].
+  """softmax(q·kᵀ/√H, keys masked)·v for q [B, Q, N, H], k, v [B, T, N, H] -> [B, Q, N, H].
 
-  key_mask: [B, T], the keys every query may see, or [B, T, T], per query
+  Q = T, or fewer queries (the last block at the masked slots only).
+  key_mask: [B, T], the keys every query may see, or [B, Q, T], per query
   (e.g. a sliding window).
 
   The queries are scaled (not the [B, N, T, T] scores), masked keys get a
@@ -153,24 +159,24 @@ def softmax_attention(q: Array, k: Array, v: Array, key_mask: Array,
   """
   scores = jnp.einsum('bqnh,bknh->bnqk', q * (1.0 / math.sqrt(q.shape[-1])), k)
   bias = jnp.where(key_mask, 0.0, -1e9)
-  bias = bias[:, None, None, :] if key_mask.ndim == 2 else bias[:, None]  # [B, 1, 1|T, T]
+  bias = bias[:, None, None, :] if key_mask.ndim == 2 else bias[:, None]  # [B, 1, 1|Q, T]
   scores = scores.astype(jnp.float32) + bias
   weights = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
-  total = jnp.swapaxes(jnp.sum(weights, axis=-1), 1, 2)[..., None]       # [B, T, N, 1]
+  total = jnp.swapaxes(jnp.sum(weights, axis=-1), 1, 2)[..., None]       # [B, Q, N, 1]
   out = jnp.einsum('bnqk,bknh->bqnh', dropout(weights).astype(v.dtype), v)
   return (out.astype(jnp.float32) / total).astype(v.dtype)
 
 
 def attend(cfg: ModelConfig, q: Array, k: Array, v: Array, key_mask: Array,
            deterministic: bool) -> Array:
-  """q, k, v [B, T, N, H] -> [B, T, N, H], by the kernel cfg.attention resolves to.
+  """q [B, Q, N, H], k, v [B, T, N, H] -> [B, Q, N, H], by the kernel cfg.attention resolves to.
 
-  key_mask: [B, T] bool (True = real token), or [B, T, T] (what each query
+  key_mask: [B, T] bool (True = real token), or [B, Q, T] (what each query
   may see). Called inside a module's compact method (its dropout is one).
   Real tokens come first in every row and padding last, so a [B, T] mask is
   also a length per row: the fused cuDNN kernel takes those lengths rather
   than a dense [B, 1, T, T] mask (slow there). cuDNN has no two-sided window,
-  so a [B, T, T] mask goes to jax.nn.dot_product_attention's XLA path
+  so a [B, Q, T] mask goes to jax.nn.dot_product_attention's XLA path
   instead. Only our kernel ('xla') has dropout on the attention
   probabilities (config checks and 'auto' see to it).
   """
@@ -191,14 +197,20 @@ class SelfAttention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x: Array, key_mask: Array, deterministic: bool) -> Array:
-    """x: [B, T, d], key_mask: [B, T] bool (True = real token) -> [B, T, d] (kernel: `attend`)."""
+  def __call__(self, x: Array, key_mask: Array, deterministic: bool,
+               context: Array | None = None) -> Array:
+    """x [B, Q, d] attends to context [B, T, d] (default: x itself) -> [B, Q, d].
+
+    key_mask: [B, T] bool (True = real token); the kernel: `attend`.
+    """
     cfg = self.cfg
+    context = x if context is None else context
     head_dim = cfg.hidden_size // cfg.num_heads
     proj = lambda name: DenseGeneral(
         (cfg.num_heads, head_dim), dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, HEADS, KV)),
         bias_init=zeros((HEADS, KV)), name=name)
-    q, k, v = (cfg.batch_split(proj(name)(x)) for name in ('query', 'key', 'value'))  # [B, T, N, H]
+    q, k, v = (cfg.batch_split(proj(name)(inputs))                      # [B, Q or T, N, H]
+               for name, inputs in (('query', x), ('key', context), ('value', context)))
     out = attend(cfg, q, k, v, key_mask, deterministic)
     return DenseGeneral(cfg.hidden_size, axis=(-2, -1), dtype=cfg.dtype,
                         kernel_init=dense_init(cfg, (HEADS, KV, EMBED)),

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mlm_jax.model.bert import BertForMLM
+from mlm_jax.model.bert import check_output_rows
 from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
 from mlm_jax.model.heads import MLMHead
@@ -55,6 +56,7 @@ from mlm_jax.model.layers import attend
 from mlm_jax.model.layers import dense_init
 from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
+from mlm_jax.model.layers import take_rows
 
 Rotary = tuple[Array, Array]  # cos, sin: [B or 1, T, 1, H], float32.
 
@@ -111,15 +113,26 @@ class ModernAttention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, rotary: Rotary, deterministic: bool) -> Array:
-    """x [B, T, d], mask [B, T] or [B, T, T] (see layers.attend) -> [B, T, d]."""
+  def __call__(self, x: Array, mask: Array, rotary: Rotary, deterministic: bool,
+               rows: Array | None = None) -> Array:
+    """x [B, T, d], mask [B, T] or [B, T, T] (see layers.attend) -> [B, T, d].
+
+    With rows [B, Q]: only those rows' queries (attending to all T keys), [B, Q, d].
+    """
     cfg = self.cfg
     n, h = cfg.num_heads, cfg.hidden_size // cfg.num_heads
     # One projection to (q, k, v) as Hugging Face's Wqkv: [d, 3, N, H].
     qkv = DenseGeneral((3, n, h), use_bias=False, dtype=cfg.dtype,
                        kernel_init=dense_init(cfg, (EMBED, None, HEADS, KV)), name='qkv')(x)
-    q, k, v = (cfg.batch_split(qkv[:, :, i]) for i in range(3))           # [B, T, N, H]
-    out = attend(cfg, apply_rotary(q, rotary), apply_rotary(k, rotary), v, mask, deterministic)
+    # Split (not indexed): the gradient is one concatenation of dq, dk and dv,
+    # not three padded copies added together.
+    q, k, v = (cfg.batch_split(y[:, :, 0]) for y in jnp.split(qkv, 3, axis=2))  # [B, T, N, H]
+    q_rotary = rotary
+    if rows is not None:
+      q = cfg.batch_split(take_rows(q, rows))                              # [B, Q, N, H]
+      q_rotary = tuple(take_rows(jnp.asarray(table), rows) for table in rotary)
+      mask = mask if mask.ndim == 2 else take_rows(mask, rows)             # [B, Q, T]
+    out = attend(cfg, apply_rotary(q, q_rotary), apply_rotary(k, rotary), v, mask, deterministic)
     out = DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
                        kernel_init=dense_init(cfg, (HEADS, KV, EMBED), out_std(cfg)),
                        name='out')(out)
@@ -148,11 +161,17 @@ class ModernBlock(nn.Module):
   first: bool  # Layer 0: its input is the embeddings' LayerNorm already.
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, rotary: Rotary, deterministic: bool) -> Array:
+  def __call__(self, x: Array, mask: Array, rotary: Rotary, deterministic: bool,
+               rows: Array | None = None) -> Array:
+    """x [B, T, d] -> [B, T, d]; with rows [B, Q] only those rows' outputs, [B, Q, d]
+    (their queries attend to all T tokens; the rest of the block runs on Q rows)."""
     cfg = self.cfg
     x = cfg.batch_split(x)
     h = x if self.first else layer_norm(cfg, 'attention_norm', use_bias=False)(x)
-    x = x + cfg.batch_split(ModernAttention(cfg, name='attention')(h, mask, rotary, deterministic))
+    if rows is not None:
+      x = cfg.batch_split(take_rows(x, rows))
+    x = x + cfg.batch_split(
+        ModernAttention(cfg, name='attention')(h, mask, rotary, deterministic, rows))
     h = layer_norm(cfg, 'mlp_norm', use_bias=False)(x)
     return cfg.batch_split(x + GeGLU(cfg, name='mlp')(h, deterministic))
 
@@ -181,15 +200,17 @@ class ModernEncoder(nn.Module):
   @nn.compact
   def __call__(self, input_ids: Array, segment_ids: Array, attention_mask: Array,
                deterministic: bool = True, return_all_layers: bool = False,
-               positions: Array | None = None) -> Array:
+               positions: Array | None = None, output_rows: Array | None = None) -> Array:
     """[B, T] ids -> contextual embeddings [B, T, d] (after the final LayerNorm).
 
     Same arguments as bert.Encoder; segment_ids are not used (ModernBERT has
     no segment table). With return_all_layers: [L + 1, B, T, d], the final
     LayerNorm of the embeddings' output and of every block's output, the last
     being the usual output: a pre-LN model's head reads normalised states.
+    With output_rows [B, Q]: the last block computes those rows only, [B, Q, d].
     """
     del segment_ids
+    check_output_rows(output_rows, return_all_layers)
     cfg = self.cfg
     if cfg.scan_layers:
       raise ValueError("scan_layers is not supported by variant 'modern' (see config.py).")
@@ -202,8 +223,9 @@ class ModernEncoder(nn.Module):
     layers = [x]
     for i in range(cfg.num_layers):
       kind = 0 if is_global(cfg, i) else 1
+      rows = output_rows if i == cfg.num_layers - 1 else None
       x = _block_class(cfg)(cfg, first=i == 0, name=f'layer_{i}')(
-          x, masks[kind], rotary[kind], deterministic)
+          x, masks[kind], rotary[kind], deterministic, rows)
       layers.append(x)
     final_norm = layer_norm(cfg, 'final_norm', use_bias=False)
     if return_all_layers:

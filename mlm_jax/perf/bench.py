@@ -54,13 +54,15 @@ from mlm_jax.training import step as step_lib
 
 # What HF's head computes, by variant: BertForMaskedLM's runs on all T positions,
 # ModernBertForMaskedLM's (sparse_prediction) on the masked tokens only.
+_LAST_BLOCK_NOTE = (' HF computes its last block on every row, ours on the masked slots only '
+                    '(the rows the loss reads; every other row\'s output would be discarded). '
+                    'MFU counts the same model FLOPs (last block and head on P slots) for both.')
 _HF_HEAD_NOTE = {
     'bert': ('HF computes its MLM head (dense + LayerNorm + vocabulary projection) on all T '
              'positions of a row, ours on the P gathered masked slots only: that is '
-             "HF's design and part of this comparison. MFU counts the same model FLOPs "
-             '(head on P slots) for both.'),
+             "HF's design and part of this comparison." + _LAST_BLOCK_NOTE),
     'modern': ('HF computes its MLM head on the masked tokens only (sparse_prediction), as '
-               'ours does on the P gathered slots.'),
+               'ours does on the P gathered slots.' + _LAST_BLOCK_NOTE),
 }
 
 
@@ -269,7 +271,8 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
   # A CPU counts as one device however many XLA host devices it is split into.
   physical_devices = 1 if backend == 'cpu' else ours.timed.info['num_devices']
   peak = flops_lib.peak_flops_per_device(device_kind, peak_tflops or config.profile.peak_tflops)
-  flops_per_token = _flops_per_token(model_cfg, config.data.seq_len, config.masking.max_predictions)
+  flops_per_token = flops_lib.model_flops_per_token(model_cfg, config.data.seq_len,
+                                                    config.masking.max_predictions)
   result = {
       'host': host_lib.describe(accelerator=None if backend == 'cpu' else device_kind),
       'machine': _machine(backend, device_kind, compare),
@@ -285,10 +288,13 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
     same_chip = (peer.timed.info['device'] == 'cuda') == (backend == 'gpu')
     summary = _summarise(peer.timed, tokens_per_step, flops_per_token,
                          peak if same_chip else None, 1)
-    # What HF's step computes: BERT's head runs on all T positions (P = T).
-    summary['flops_per_token_as_computed'] = _flops_per_token(
-        model_cfg, config.data.seq_len,
-        config.data.seq_len if model_cfg.variant == 'bert' else config.masking.max_predictions)
+    # What HF's step computes: its last block on all T rows, and BERT's head
+    # on all T positions (P = T).
+    seq_len = config.data.seq_len
+    summary['flops_per_token_as_computed'] = flops_lib.model_flops_per_token(
+        model_cfg, seq_len,
+        seq_len if model_cfg.variant == 'bert' else config.masking.max_predictions,
+        last_block_rows=seq_len)
     summary['note'] = _HF_HEAD_NOTE[model_cfg.variant]
     result[key] = summary
     result.update(_ratios(result['ours'], summary, physical_devices, PEERS[key]))
@@ -316,10 +322,6 @@ def _ratios(ours: dict[str, Any], peer: dict[str, Any], per: int, suffix: str) -
       f'ratio_tokens_per_sec_best_window{suffix}': (peer['step_time_s']['min']
                                                      / ours['step_time_s']['min'] / per),
   }
-
-
-def _flops_per_token(model_cfg: model_lib.ModelConfig, seq_len: int, head_rows: int) -> float:
-  return flops_lib.model_flops_per_token(model_cfg, seq_len, head_rows)
 
 
 def _shape(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig) -> dict[str, Any]:
