@@ -417,3 +417,14 @@ def test_last_block_at_the_masked_slots_gives_the_full_encoders_loss_and_gradien
       state.params).cost_analysis()['flops']
   assert (flops('pretrain') == flops(_full_then_gathered)) if scan else (
       flops('pretrain') < 0.9 * flops(_full_then_gathered))
+
+
+def test_argmax_is_jnp_argmax_with_ties_to_the_first_index():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(4, 6, 50)).astype(np.float32)
+  x = np.array(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32))  # Many ties.
+  x[0, 0] = 1.0           # All equal: index 0.
+  x[1, 1, 7:] = 9.0       # A tie from index 7 on.
+  x[2, 2, 40:] = -1e9     # Masked-out tail.
+  np.testing.assert_array_equal(step_lib.argmax(jnp.asarray(x)), jnp.argmax(x, axis=-1))
+  assert step_lib.argmax(jnp.asarray(x))[1, 1] == 7

@@ -168,6 +168,19 @@ def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransforma
                   eps=train.adam_eps, weight_decay=train.weight_decay, mask=weight_decay_mask))
 
 
+def argmax(x: Array) -> Array:
+  """jnp.argmax(x, axis=-1) (the first index of the largest value), as two plain reductions.
+
+  XLA:CPU runs argmax as one reduction over (value, index) pairs, which it
+  does not vectorise: over the tiny config's [8, 20, 1024] logits 0.44 ms,
+  against 0.11 ms for a max and then a min over the indices where it is
+  reached (a micro-benchmark on 2 Zen 5 cores, AVX-512).
+  """
+  top = jnp.max(x, axis=-1, keepdims=True)
+  n = x.shape[-1]
+  return jnp.min(jnp.where(x == top, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
+
+
 def mlm_loss_terms(logits: Array, masked_ids: Array, weights: Array, kinds: Array | None = None,
                    baseline_token: int = tok_lib.FIRST_NORMAL_ID) -> dict[str, Array]:
   """logits [B, P, V], masked_ids, weights, kinds [B, P] -> sums (caller divides).
@@ -180,7 +193,7 @@ def mlm_loss_terms(logits: Array, masked_ids: Array, weights: Array, kinds: Arra
   the first three sums only.
   """
   ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), masked_ids)
-  correct = (jnp.argmax(logits, axis=-1) == masked_ids).astype(jnp.float32)
+  correct = (argmax(logits) == masked_ids).astype(jnp.float32)
   terms = {
       'loss_sum': jnp.sum(ce * weights),
       'correct_sum': jnp.sum(correct * weights),
