@@ -370,31 +370,42 @@ def test_grad_accumulation_matches_one_big_batch():
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-def _full_then_gathered(module, batch):
+def _full_then_gathered(module, batch, deterministic=True):
   """The reference for pretrain: every row of the encoder's output, then the masked slots."""
-  sequence = module.encoder(batch['input_ids'], batch['segment_ids'], batch['attention_mask'])
-  out = {'mlm_logits': module.mlm_logits(sequence, batch['masked_positions'])}
+  inputs, positions = batch, None
+  if module.cfg.drop_token_rate > 0 and not deterministic:
+    inputs = model_lib.drop_tokens(batch, module.cfg.drop_token_rate,
+                                        module.make_rng('dropout'))
+    positions = inputs['positions']
+  sequence = module.encoder(inputs['input_ids'], inputs['segment_ids'], inputs['attention_mask'],
+                            deterministic, positions=positions)
+  out = {'mlm_logits': module.mlm_logits(sequence, inputs['masked_positions'])}
   if module.cfg.sentence_pair_head:
     out['sentence_pair_logits'] = module.sentence_pair(sequence, True)
   return out
 
 
-@pytest.mark.parametrize('variant,pair,scan', [('bert', False, False), ('bert', True, False),
-                                               ('bert', False, True), ('modern', False, False),
-                                               ('modern', True, False)])
+@pytest.mark.parametrize('variant,pair,scan,drop', [
+    ('bert', False, False, 0.0), ('bert', True, False, 0.0), ('bert', False, True, 0.0),
+    ('modern', False, False, 0.0), ('modern', True, False, 0.0), ('modern', False, False, 0.3)])
 def test_last_block_at_the_masked_slots_gives_the_full_encoders_loss_and_gradients(
-    variant, pair, scan):
+    variant, pair, scan, drop):
   # pretrain runs the last block on the masked slots (and [CLS]) only. Its
   # outputs, loss and every gradient are those of the full encoder's output
-  # gathered at the slots. ModernBERT with 3 layers: the last one is local.
+  # gathered at the slots. ModernBERT with 3 layers: the last one is local;
+  # with DropToken its rows are re-indexed and its positions traced.
   cfg = _cfg(variant=variant, num_layers=3, sentence_pair_head=pair, scan_layers=scan,
              global_attn_every_n_layers=2, local_attention=8, dropout_rate=0.0,
-             attention_dropout_rate=0.0)
+             attention_dropout_rate=0.0, drop_token_rate=drop)
   batch = _batch()
-  state = _state(cfg, batch)
+  model = model_lib.mlm_model(cfg)
+  assert type(model).__name__ == ('ModernBertForMLM' if variant == 'modern' else 'BertForMLM')
+  state = step_lib.create_state(model, step_lib.make_optimizer(_train_config()),
+                                jax.random.key(0), batch)
 
   def loss(params, method):
-    out = state.apply_fn({'params': params}, batch, method=method)
+    out = state.apply_fn({'params': params}, batch, deterministic=not drop,
+                         rngs={'dropout': jax.random.key(3)}, method=method)
     t = step_lib.mlm_loss_terms(out['mlm_logits'], batch['masked_ids'], batch['masked_weights'])
     return t['loss_sum'] / t['weight_sum'] + jnp.sum(out.get('sentence_pair_logits', 0.0)), out
 

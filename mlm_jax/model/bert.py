@@ -150,6 +150,7 @@ class Encoder(nn.Module):
 
 
 def check_output_rows(output_rows: Array | None, return_all_layers: bool) -> None:
+  """Both encoders: a subset of rows is for the last layer's output only."""
   if output_rows is not None and return_all_layers:
     raise ValueError('output_rows and return_all_layers exclude each other: '
                      'every layer is returned in full.')
