@@ -262,12 +262,18 @@ def test_summary_counts_only_this_invocation_when_the_resume_step_was_not_logged
 
 
 def test_flops_formula_and_peaks():
-  # BERT-base, T=128, P=20, V=30522: the formula's three terms by hand.
+  # BERT-base, T=128, P=20, V=30522: the formula's terms by hand. The last
+  # block's keys and values cover every token, the rest of it the P slots.
   L, d, f, T, V, P = 12, 768, 3072, 128, 30522, 20
-  expected = 6 * L * (4 * d**2 + 2 * d * f) + 12 * L * d * T + 6 * (d**2 + d * V) * P / T
-  got = flops.flops_per_token(num_layers=L, hidden_size=d, intermediate_size=f, seq_len=T,
-                              vocab_size=V, max_predictions=P)
-  assert got == pytest.approx(expected)
+  head = 6 * (d**2 + d * V) * P / T
+  expected = (6 * (L - 1) * (4 * d**2 + 2 * d * f) + 6 * (2 * d**2 + (2 * d**2 + 2 * d * f) * P / T)
+              + 12 * d * T * (L - 1 + P / T) + head)
+  shape = dict(num_layers=L, hidden_size=d, intermediate_size=f, seq_len=T, vocab_size=V,
+               max_predictions=P)
+  assert flops.flops_per_token(**shape) == pytest.approx(expected)
+  # Every block on all T rows, as Hugging Face's step computes it.
+  assert flops.flops_per_token(**shape, last_block_rows=T) == pytest.approx(
+      6 * L * (4 * d**2 + 2 * d * f) + 12 * L * d * T + head)
   assert flops.peak_flops_per_device('NVIDIA H100 80GB HBM3') == 989e12
   assert flops.peak_flops_per_device('NVIDIA A100-SXM4-40GB') == 312e12
   assert flops.peak_flops_per_device('TPU v4') == 275e12

@@ -52,7 +52,8 @@ from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
 from mlm_jax.training import step as step_lib
 
-# What HF's head computes, by variant: BertForMaskedLM's runs on all T positions,
+# What HF's step computes that ours does not: its last block on every row, and
+# by variant its head: BertForMaskedLM's on all T positions,
 # ModernBertForMaskedLM's (sparse_prediction) on the masked tokens only.
 _LAST_BLOCK_NOTE = (' HF computes its last block on every row, ours on the masked slots only '
                     '(the rows the loss reads; every other row\'s output would be discarded). '
