@@ -192,11 +192,11 @@ def drop_tokens(batch: dict[str, Array], rate: float, rng: Array) -> dict[str, A
   score = jnp.where(batch['attention_mask'] > 0, score, 2.0)    # padding first to go,
   score = jnp.where(protected, -1.0, score)                     # protected never.
   kept = jnp.sort(jnp.argsort(score, axis=1)[:, :keep], axis=1)  # [B, T'] old positions
-  gather = lambda x: jnp.take_along_axis(x, kept, axis=1)
+  gather = lambda x: take_rows(x, kept)
   new_index = jnp.zeros((b, t), jnp.int32).at[rows, kept].set(jnp.arange(keep))
   return {'input_ids': gather(batch['input_ids']), 'segment_ids': gather(batch['segment_ids']),
           'attention_mask': gather(batch['attention_mask']), 'positions': kept,
-          'masked_positions': jnp.take_along_axis(new_index, batch['masked_positions'], axis=1)}
+          'masked_positions': take_rows(new_index, batch['masked_positions'])}
 
 
 class BertForMLM(nn.Module):
