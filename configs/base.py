@@ -44,21 +44,34 @@ def get_config() -> ml_collections.ConfigDict:
   # Seed of the train/validation split of documents.
   config.data.split_seed = 0
 
-  # Sentencepiece tokenizer trained on the corpus.
+  # The tokenizer: trained on the corpus, or given (a file, or config.init's).
   config.tokenizer = ml_collections.ConfigDict()
-  # Sentencepiece vocabulary size, special tokens included.
+  # What is trained when no tokenizer is given: 'sentencepiece' (unigram or
+  # BPE with byte fallback), 'wordpiece' (BERT's) or 'bpe' (byte-level, as
+  # RoBERTa's and ModernBERT's), the latter two with Hugging Face tokenizers.
+  config.tokenizer.kind = 'sentencepiece'
+  # Vocabulary size, special tokens included.
   config.tokenizer.vocab_size = 32000
-  # Sentencepiece model type: 'unigram' or 'bpe'.
+  # kind 'sentencepiece': its model type, 'unigram' or 'bpe'.
   config.tokenizer.model_type = 'unigram'
-  # Fraction of characters the vocabulary must cover (rest: byte fallback).
+  # kind 'sentencepiece': fraction of characters the vocabulary must cover
+  # (the rest: byte fallback).
   config.tokenizer.character_coverage = 0.9995
+  # kinds 'wordpiece' and 'bpe': lowercase the text first (an uncased model).
+  config.tokenizer.lowercase = False
   # At most this many lines are sampled to train the tokenizer (a line over
   # sentencepiece's 4192-byte limit counts once per piece it is cut into).
   config.tokenizer.max_sentences = 2_000_000
-  # An existing mlm_jax sentencepiece model to use instead of training one
-  # (e.g. WORKDIR/tokenizer.model of an earlier run); the settings above are
-  # then ignored.
+  # A tokenizer to use instead of training one: an mlm_jax sentencepiece
+  # model (e.g. WORKDIR/tokenizer.model of an earlier run), a Hugging Face
+  # tokenizer.json, a WordPiece vocab.txt, or a directory holding one. The
+  # settings above are then ignored. config.init.hf_dir and
+  # config.init.workdir set it to their model's tokenizer.
   config.tokenizer.model_file = ''
+  # A file of domain words, one per line, added as whole tokens to the
+  # tokenizer of config.init's model; its embeddings grow, each new row the
+  # mean of the rows of the pieces that spelled the word before.
+  config.tokenizer.add_tokens = ''
 
   # Dynamic masking (BERT 80/10/10 recipe).
   config.masking = ml_collections.ConfigDict()
@@ -104,6 +117,10 @@ def get_config() -> ml_collections.ConfigDict:
   # GeGLU, rotary positions, local and global attention, no biases; Hugging
   # Face ModernBertForMaskedLM). configs/modern_*.py set it.
   config.model.variant = 'bert'
+  # Embedding rows the model predicts over (before padding to a multiple of
+  # 128). 0: the tokenizer's vocabulary. A checkpoint of config.init sets it
+  # (ModernBERT's table is larger than its tokenizer).
+  config.model.vocab_size = 0
   # Number of transformer blocks (L).
   config.model.num_layers = 12
   # Model width (d).
@@ -216,12 +233,20 @@ def get_config() -> ml_collections.ConfigDict:
   # Also write the logged scalars as TensorBoard event files in WORKDIR/tb.
   config.train.tensorboard = True
 
-  # Where the parameters of a new run come from (a resumed run ignores it).
+  # Where the parameters of a new run come from (a resumed run ignores both).
+  # Either decides the architecture, shape, vocabulary, positions and
+  # tokenizer; the config gives the recipe (optimizer, schedule, masking,
+  # batch, data, seq_len up to the checkpoint's positions), and the optimizer
+  # starts fresh.
   config.init = ml_collections.ConfigDict()
-  # A Hugging Face BERT directory (safetensors) to continue pretraining from,
-  # e.g. one written by `python -m mlm_jax.export`. Its tokenizer.model is
-  # used unless config.tokenizer.model_file is set. Empty: random init.
+  # A Hugging Face directory to continue pretraining from (BertForMaskedLM,
+  # RobertaForMaskedLM or ModernBertForMaskedLM in safetensors, with its
+  # tokenizer files), e.g. a published checkpoint or one written by
+  # `python -m mlm_jax.export`. Empty: random init.
   config.init.hf_dir = ''
+  # An mlm_jax run directory whose latest checkpoint's weights (not its
+  # optimizer or step) start this run, e.g. on a new corpus.
+  config.init.workdir = ''
 
   # Held-out evaluation.
   config.eval = ml_collections.ConfigDict()

@@ -46,6 +46,11 @@ def config_flag(required: bool = True) -> flags.FlagHolder:
   return holder
 
 
+def overrides(holder: flags.FlagHolder) -> list[str]:
+  """The config fields given on the command line ('train.batch_size', ...), in order."""
+  return list(config_flags.get_override_values(flags.FLAGS[holder.name]))
+
+
 class _OwnInfoOnly:
   """Shows INFO lines of this package only; warnings and errors of any."""
 

@@ -8,10 +8,13 @@ devices, the state's split against the width, paths of an init model).
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import ml_collections
+from absl import logging
 
 from configs import base
 from mlm_jax.config_check import ConfigError
@@ -52,6 +55,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   step.check_config(config.train)
   evaluate.check_config(config.eval)
   profiling.check_config(config.profile)
+  require(config.sentence_pair.task == 'none' or model.type_vocab_size >= 2,
+          f"config.sentence_pair.task={config.sentence_pair.task!r} gives the second segment "
+          f'token type 1, but the model has config.model.type_vocab_size={model.type_vocab_size} '
+          "(RoBERTa's checkpoints have one): use sentence_pair.task='none'.")
   _check_mesh(config, num_devices)
   if check_paths:
     _check_init(config)
@@ -86,32 +93,127 @@ def _check_mesh(config: ml_collections.ConfigDict, num_devices: int | None) -> N
 
 
 def _check_init(config: ml_collections.ConfigDict) -> None:
-  """A Hugging Face model to start from must exist and bring its vocabulary."""
+  """A model to start from must exist; one source at a time."""
   init = config.init
-  if not init.hf_dir:
-    return
-  hf_dir = os.path.expanduser(init.hf_dir)
-  require(os.path.isdir(hf_dir), f'config.init.hf_dir={init.hf_dir!r}: no such directory.')
-  require(bool(config.tokenizer.model_file)
-          or os.path.isfile(os.path.join(hf_dir, 'tokenizer.model')),
-          f'config.init.hf_dir={init.hf_dir!r} has no tokenizer.model (sentencepiece), '
-          'so its token ids cannot be matched to a corpus: export it with '
-          '`python -m mlm_jax.export`, or set config.tokenizer.model_file to the sentencepiece '
-          'model its vocabulary was made with.')
+  require(not (init.hf_dir and init.workdir),
+          f'config.init.hf_dir={init.hf_dir!r} and config.init.workdir={init.workdir!r} are both '
+          'set: start from one of them.')
+  require(not config.tokenizer.add_tokens or bool(init.hf_dir or init.workdir
+                                                    or config.tokenizer.model_file),
+          'config.tokenizer.add_tokens needs a tokenizer to add to: set config.init.hf_dir '
+          '(or config.init.workdir, or config.tokenizer.model_file).')
+  if init.hf_dir:
+    require(os.path.isdir(os.path.expanduser(init.hf_dir)),
+            f'config.init.hf_dir={init.hf_dir!r}: no such directory.')
+  if init.workdir:
+    require(os.path.isfile(os.path.join(os.path.expanduser(init.workdir), 'config.json')),
+            f'config.init.workdir={init.workdir!r} is not an mlm_jax run directory (no '
+            'config.json): give the --workdir of an earlier training run.')
 
 
-def resolve(config: ml_collections.ConfigDict, num_devices: int) -> ml_collections.ConfigDict:
+# config.model fields a checkpoint decides: a command-line value that differs is refused.
+ARCHITECTURE_FIELDS = (
+    'variant', 'vocab_size', 'num_layers', 'hidden_size', 'num_heads', 'intermediate_size',
+    'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps', 'global_attn_every_n_layers',
+    'local_attention', 'global_rope_theta', 'local_rope_theta')
+# config.model fields a checkpoint suggests: its value unless given on the command line.
+RECIPE_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'initializer_range')
+
+
+def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
+            overrides: Iterable[str] = ()) -> ml_collections.ConfigDict:
   """The config a run uses: checked (ConfigError), with implied settings filled in.
 
-  A run started from config.init.hf_dir tokenizes with that model's vocabulary.
+  A run started from config.init.hf_dir or config.init.workdir takes the
+  architecture, shape, vocabulary, positions and tokenizer from that model:
+  its config.model fields are replaced (and logged), and a field named in
+  `overrides` (the command line's --config.* keys, e.g. 'model.num_layers')
+  that contradicts the checkpoint is a ConfigError. The config keeps the
+  recipe: optimizer, schedule, masking, batch, data, seq_len.
   """
   validate(config, num_devices=num_devices)
-  if not config.init.hf_dir or config.tokenizer.model_file:
+  init = config.init
+  if not (init.hf_dir or init.workdir):
     return config
+  source, fields, tokenizer_path = _init_source(init)
+  overrides = set(overrides)
   config = config.copy_and_resolve_references()
-  config.tokenizer.model_file = os.path.join(os.path.expanduser(config.init.hf_dir),
-                                             'tokenizer.model')
+  model = config.model
+  for key in ARCHITECTURE_FIELDS + RECIPE_FIELDS:
+    if key not in fields or model[key] == fields[key]:
+      continue
+    if f'model.{key}' in overrides:
+      require(key in RECIPE_FIELDS,
+              f'config.model.{key}={model[key]!r} contradicts the checkpoint in {source} '
+              f'({key}={fields[key]!r}): the checkpoint decides the architecture; drop the '
+              'override.')
+      continue
+    logging.info('config.model.%s: %r from the checkpoint in %s (the config said %r)', key,
+                 fields[key], source, model[key])
+    with model.ignore_type():
+      model[key] = fields[key]
+  tok = config.tokenizer
+  if tok.model_file:
+    require('tokenizer.model_file' in overrides or os.path.abspath(tok.model_file)
+            == os.path.abspath(tokenizer_path),
+            f'config.tokenizer.model_file={tok.model_file!r} is set, but the checkpoint in '
+            f'{source} brings its own tokenizer; leave it empty.')
+  tok.model_file = tok.model_file or tokenizer_path
+  require(config.data.seq_len <= model.max_position_embeddings,
+          f'config.data.seq_len={config.data.seq_len} exceeds the {model.max_position_embeddings} '
+          f'positions of the checkpoint in {source}; use at most that.')
+  _check_vocab(config, source)
+  validate(config, num_devices=num_devices)
   return config
+
+
+def _init_source(init: ml_collections.ConfigDict) -> tuple[str, dict[str, Any], str]:
+  """(where, config.model fields of its model, its tokenizer's path) of config.init's model."""
+  if init.hf_dir:
+    from mlm_jax.interop import hf  # pylint: disable=import-outside-toplevel  # interop extra
+    hf_dir = os.path.expanduser(init.hf_dir)
+    try:
+      fields = hf.checkpoint_model_fields(hf_dir)
+    except (ValueError, FileNotFoundError) as e:
+      raise ConfigError(f'config.init.hf_dir={init.hf_dir!r}: {e}') from e
+    tokenizer_path = tokenizer.tokenizer_files(hf_dir)
+    require(tokenizer_path is not None,
+            f'config.init.hf_dir={init.hf_dir!r} has no tokenizer files (tokenizer.json, '
+            'vocab.txt, or an mlm_jax tokenizer.model), so its ids cannot be matched to text: '
+            'copy the tokenizer files published with the model into it.')
+    return hf_dir, fields, tokenizer_path
+  workdir = os.path.expanduser(init.workdir)
+  with open(os.path.join(workdir, 'config.json')) as f:
+    saved = with_defaults(json.load(f))
+  fields = {k: saved.model[k] for k in ARCHITECTURE_FIELDS + RECIPE_FIELDS}
+  fields['vocab_size'] = saved.resolved.vocab_size
+  tokenizer_path = tokenizer.tokenizer_files(workdir)
+  require(tokenizer_path is not None,
+          f'config.init.workdir={init.workdir!r} holds no tokenizer (tokenizer.model or '
+          'tokenizer/): it was not written by a training run.')
+  return workdir, fields, tokenizer_path
+
+
+def _check_vocab(config: ml_collections.ConfigDict, source: str) -> None:
+  """The tokenizer must fit the checkpoint's embedding table (words to add grow it)."""
+  try:
+    tok = tokenizer.load(config.tokenizer.model_file)
+  except ValueError as e:
+    raise ConfigError(f'config.init ({source}): {e}') from e
+  table = config.model.vocab_size
+  require(tok.vocab_size <= table or bool(config.tokenizer.add_tokens),
+          f'The tokenizer of {source} has {tok.vocab_size:,} ids but the checkpoint\'s embedding '
+          f'table only {table:,} rows: they do not belong together. Use the tokenizer files '
+          'the checkpoint was published with.')
+
+
+def model_vocab_size(config: ml_collections.ConfigDict, tokenizer_vocab: int) -> int:
+  """Rows the model predicts over: config.model.vocab_size (a checkpoint's table), else the
+  tokenizer's; tokens added beyond a checkpoint's table grow it to a multiple of 64."""
+  table = config.model.vocab_size or tokenizer_vocab
+  if tokenizer_vocab > table:
+    return -(-tokenizer_vocab // 64) * 64
+  return table
 
 
 def with_defaults(saved: dict[str, Any]) -> ml_collections.ConfigDict:

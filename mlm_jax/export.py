@@ -2,13 +2,14 @@
 (a pretraining run) or --model=runs/tiny_topic --out=exported/ (a fine-tuned model).
 
 Writes a Hugging Face model directory (safetensors, config and the run's
-tokenizer): from a training run's checkpoint, BertForMaskedLM (or
-ModernBertForMaskedLM for config.model.variant='modern'), see
-mlm_jax/interop/export.py; --embedding_correction replaces each token
-embedding by its expectation under the run's masking. From a fine-tuning's
-output (finetune's --out), the variant's ForSequenceClassification (classify,
-pair, regress) or ForTokenClassification (tag) with its labels, see
-mlm_jax/finetuning/export.py. --step picks a checkpoint (default: the latest).
+tokenizer): from a training run's checkpoint, the masked LM of its
+config.model.variant (BertForMaskedLM, RobertaForMaskedLM or
+ModernBertForMaskedLM), see mlm_jax/interop/export.py;
+--embedding_correction replaces each token embedding by its expectation
+under the run's masking. From a fine-tuning's output (finetune's --out), the
+variant's ForSequenceClassification (classify, pair, regress) or
+ForTokenClassification (tag) with its labels, see mlm_jax/finetuning/export.py.
+--step picks a checkpoint (default: the latest).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ flags.mark_flags_as_required(['out'])
 flags.register_multi_flags_validator(
     ['workdir', 'model'], lambda f: (f['workdir'] is None) != (f['model'] is None),
     'name exactly one of --workdir (a pretraining run) and --model (a fine-tuned model).')
-_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to export (default: the latest).')
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to export (default: the latest of a '
+                             'training run, the best of a fine-tuned model).')
 _CORRECTION = flags.DEFINE_bool(
     'embedding_correction', False, 'Replace each token embedding by its expectation under '
     "the run's masking recipe (see mlm_jax/interop/export.py).")

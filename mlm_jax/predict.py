@@ -2,7 +2,8 @@
 
 Writes the predicted label (with every label's probability), value (regress)
 or per-word tags (tag) of each row of FILE, using a directory written by
-python -m mlm_jax.finetune; see mlm_jax/finetuning/predict.py for the format.
+python -m mlm_jax.finetune (the parameters of its best evaluation); see
+mlm_jax/finetuning/predict.py for the format.
 """
 
 from __future__ import annotations

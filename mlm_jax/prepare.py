@@ -36,8 +36,7 @@ _BEAM_OPTIONS = flags.DEFINE_string(
 
 
 def main() -> None:
-  config = _CONFIG.value
-  config_lib.validate(config)
+  config = config_lib.resolve(_CONFIG.value, None, cli.overrides(_CONFIG))
   beam_options = None
   if _BEAM.value or _BEAM_OPTIONS.value:
     workers = config.data.num_workers or cores.usable_cores()

@@ -285,9 +285,13 @@ def test_synthetic_rows_are_full_and_masked_by_the_masker():
   batches = bench.synthetic_batches(config, 2)
   ids = batches[0]['input_ids']
   assert ids.shape == (config.train.batch_size, config.data.seq_len)
-  assert (ids[:, 0] == tok_lib.CLS_ID).all() and (ids[:, -1] == tok_lib.SEP_ID).all()
+  specials = bench.SYNTHETIC_SPECIALS
+  assert (ids[:, 0] == specials.cls).all() and (ids[:, -1] == specials.sep).all()
   assert batches[0]['attention_mask'].all()
-  assert ((ids == tok_lib.MASK_ID).sum(axis=1) > 0).all()
+  assert ((ids == specials.mask).sum(axis=1) > 0).all()
+  # Between [CLS] and [SEP], only normal ids (the [MASK]s the masker put there aside).
+  inner = ids[:, 1:-1][ids[:, 1:-1] != specials.mask]
+  assert not np.isin(inner, specials.ids).any()
   assert not np.array_equal(ids, batches[1]['input_ids'])
 
 

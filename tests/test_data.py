@@ -1,5 +1,6 @@
 """Corpus, tokenizer, prepare and the input pipeline."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -9,10 +10,12 @@ import numpy as np
 import pytest
 
 from mlm_jax.data import corpus
+from mlm_jax.data import line_sample
 from mlm_jax.data import masking
 from mlm_jax.data import packing
 from mlm_jax.data import pipeline as input_pipeline
 from mlm_jax.data import prepare
+from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok
 from tests.conftest import micro_config
 
@@ -47,8 +50,9 @@ def test_user_files_split_into_documents(tmp_path):
 def test_tokenizer_special_ids_and_padded_vocab(prepared):
   _, data = prepared
   t = data.tokenizer
-  assert [t.id_to_piece(i) for i in tok.SPECIAL_IDS] == list(tok.SPECIAL_TOKENS)
-  assert t.encode(['a [MASK] b'])[0].count(tok.MASK_ID) == 1
+  assert t.specials == sp_tokenizer.SPECIALS
+  assert [t.id_to_piece(i) for i in t.specials.ids] == list(tok.SPECIAL_TOKENS)
+  assert t.encode(['a [MASK] b'])[0].count(t.specials.mask) == 1
   assert tok.padded_vocab_size(600) == 640 and tok.padded_vocab_size(640) == 640
   assert tok.sanitize('x [MASK] y [CLS]') == 'x MASK y CLS'
 
@@ -56,19 +60,20 @@ def test_tokenizer_special_ids_and_padded_vocab(prepared):
 def test_rows_are_packed_full_sentences(prepared):
   config, data = prepared
   T = config.data.seq_len
+  s = data.tokenizer.specials
   for split in ('train', 'validation'):
     source = data.source(split)
     rows = np.stack([source[i]['input_ids'] for i in range(len(source))])
     assert rows.shape == (data.stats[split]['rows'], T)
-    assert np.all(rows[:, 0] == tok.CLS_ID)
-    is_pad = rows == tok.PAD_ID
+    assert np.all(rows[:, 0] == s.cls)
+    is_pad = rows == s.pad
     # Only one row per split has padding, and its padding is a suffix.
     assert is_pad.any(axis=1).sum() <= 1
     last_real = T - 1 - np.argmax(~is_pad[:, ::-1], axis=1)
-    assert np.all(rows[np.arange(len(rows)), last_real] == tok.SEP_ID)
+    assert np.all(rows[np.arange(len(rows)), last_real] == s.sep)
     assert is_pad.mean() < 0.01
     # Content = every document's tokens plus one [SEP] between documents.
-    content = (~np.isin(rows, (tok.PAD_ID, tok.CLS_ID))).sum() - len(rows)
+    content = (~np.isin(rows, (s.pad, s.cls))).sum() - len(rows)
     stats = data.stats[split]
     assert content == stats['tokens'] + stats['documents'] - 1
   assert data.unigram_counts.sum() == data.stats['train']['tokens']
@@ -121,7 +126,7 @@ def _take(it, n):
 def test_pipeline_same_global_batch_for_any_process_count(prepared):
   config, data = prepared
   source = data.source('train')
-  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  m = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   kwargs = dict(global_batch=8, seed=3)
   single = _take(input_pipeline.train_batches(source, m, **kwargs), 5)
   again = _take(input_pipeline.train_batches(source, m, **kwargs), 5)
@@ -144,9 +149,9 @@ def test_pipeline_covers_an_epoch_then_reshuffles(prepared):
   config, data = prepared
   source = data.source('train')
   n = len(source)
-  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  m = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   m = masking.Masker(1, 1e-9, 0.0, 0.0, m.replacement_probs, mode='token', span_p=m.span_p,
-                     span_max=m.span_max)  # Masks 1 token, keeps it.
+                     span_max=m.span_max, specials=m.specials)  # Masks 1 token, keeps it.
   it = input_pipeline.train_batches(source, m, global_batch=1, seed=0)
   epoch1 = [next(it)['input_ids'][0].tobytes() for _ in range(n)]
   epoch2 = [next(it)['input_ids'][0].tobytes() for _ in range(n)]
@@ -158,7 +163,7 @@ def test_pipeline_covers_an_epoch_then_reshuffles(prepared):
 def test_eval_batches_pad_with_weightless_rows(prepared):
   config, data = prepared
   source = data.source('validation')
-  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  m = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   batches = list(input_pipeline.eval_batches(source, m, global_batch=8, mask_seed=1))
   assert len(batches) == -(-len(source) // 8)
   total_rows = sum(int((b['attention_mask'].sum(axis=1) > 0).sum()) for b in batches)
@@ -177,6 +182,11 @@ def test_an_existing_tokenizer_is_used_instead_of_training_one(prepared, tmp_pat
   reused = prepare.prepare(other)
   assert reused.data_dir != data.data_dir
   assert reused.tokenizer.model_proto == data.tokenizer.model_proto
+  # Keyed by the file's sha256 under the name earlier versions gave it: their data dirs stay.
+  with open(other.tokenizer.model_file, 'rb') as f:
+    digest = hashlib.sha256(f.read()).hexdigest()
+  assert prepare.fingerprint(other.data, other.tokenizer)['tokenizer'] == {
+      'model_file_sha256': digest}
   np.testing.assert_array_equal(reused.unigram_counts, data.unigram_counts)
 
 
@@ -190,7 +200,7 @@ def _long_document() -> str:
 
 def test_tokenizer_training_sees_all_of_a_long_line(tmp_path, monkeypatch):
   long_doc = _long_document()
-  assert len(long_doc.encode()) > 4 * tok.MAX_SENTENCE_BYTES
+  assert len(long_doc.encode()) > 4 * line_sample.MAX_SENTENCE_BYTES
   assert 'zorbleflux' not in long_doc[:-2500]
   short_docs = [d.replace('\n\n', '\n') for d, _ in zip(corpus.stdlib_docstrings(), range(150))]
   (tmp_path / 'a.txt').write_text('\n\n'.join(short_docs[:75] + [long_doc] + short_docs[75:]))
@@ -200,15 +210,15 @@ def test_tokenizer_training_sees_all_of_a_long_line(tmp_path, monkeypatch):
   config.tokenizer.model_type = 'bpe'
   assert not packing.is_validation(long_doc, config.data.val_fraction, config.data.split_seed)
   fed = []
-  train = tok.spm.SentencePieceTrainer.train
+  train = sp_tokenizer.spm.SentencePieceTrainer.train
 
   def recording_train(sentence_iterator, **kwargs):
     fed.extend(sentence_iterator)
     return train(sentence_iterator=iter(fed), **kwargs)
 
-  monkeypatch.setattr(tok.spm.SentencePieceTrainer, 'train', recording_train)
+  monkeypatch.setattr(sp_tokenizer.spm.SentencePieceTrainer, 'train', recording_train)
   data = prepare.prepare(config)
-  assert all(len(s.encode()) <= tok.MAX_SENTENCE_BYTES for s in fed)
+  assert all(len(s.encode()) <= line_sample.MAX_SENTENCE_BYTES for s in fed)
   pieces = [s for s in fed if 'long document' in s or 'zorbleflux' in s]
   assert len(pieces) > 4 and ''.join(pieces) == long_doc
   # Cut at sentence ends.
@@ -223,17 +233,17 @@ def test_a_line_without_spaces_is_split_between_characters():
   rng = np.random.default_rng(0)
   chars = np.array(list('a\u00e9\u65e5\U0001F600'))  # 1, 2, 3 and 4 bytes in UTF-8.
   line = ''.join(rng.choice(chars, 8000))
-  pieces = tok.split_line(line)
+  pieces = line_sample.split_line(line)
   sizes = [len(p.encode()) for p in pieces]
   assert ''.join(pieces) == line
-  assert max(sizes) <= tok.MAX_SENTENCE_BYTES
+  assert max(sizes) <= line_sample.MAX_SENTENCE_BYTES
   # Each cut is at the last character boundary that fits.
-  assert all(s > tok.MAX_SENTENCE_BYTES - 4 for s in sizes[:-1])
-  assert min(sizes[:-1]) < tok.MAX_SENTENCE_BYTES
+  assert all(s > line_sample.MAX_SENTENCE_BYTES - 4 for s in sizes[:-1])
+  assert min(sizes[:-1]) < line_sample.MAX_SENTENCE_BYTES
 
 
 def test_sentences_sentencepiece_would_skip_are_counted():
-  sample, info = tok.sample_lines(['kept', 'a \u2047 b'], 10, seed=0)
+  sample, info = line_sample.sample_lines(['kept', 'a \u2047 b'], 10, seed=0)
   assert sample == ['kept']
   assert (info['reserved_sentences'], info['reserved_bytes']) == (1, len('a \u2047 b'.encode()))
 

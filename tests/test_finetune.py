@@ -1,4 +1,5 @@
-"""Fine-tuning end to end on tiny runs: it learns, resumes, refuses bad input, predicts."""
+"""Fine-tuning end to end on tiny runs and published-layout checkpoints: it learns, keeps the
+best evaluation, resumes, refuses bad input, predicts, exports."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from mlm_jax.config_check import ConfigError
+from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.finetuning import config as config_lib
 from mlm_jax.finetuning import data as data_lib
 from mlm_jax.finetuning import loop
@@ -57,6 +59,16 @@ def _tag_rows(seed: int, n: int) -> list[dict]:
   return [{'tokens': s, 'tags': ['B-ERR' if w == MARKER else 'O' for w in s]} for s in sentences]
 
 
+def _pair_rows(seed: int, n: int) -> list[dict]:
+  """Label 1 when the second text holds MARKER (MARKER in the first says nothing)."""
+  rng = np.random.default_rng(seed)
+  firsts, _ = _sentences(rng, n)
+  seconds, has = _sentences(rng, n)
+  order = rng.permutation(n)
+  return [{'text': ' '.join(firsts[i]), 'text_pair': ' '.join(s), 'label': int(h)}
+          for i, s, h in zip(order, seconds, has)]
+
+
 @pytest.fixture(scope='module')
 def pretrained(prepared, corpus_glob, tmp_path_factory):
   """A micro BERT pretraining run (8 steps): its workdir."""
@@ -71,6 +83,7 @@ def _config(**train):
   config.train.batch_size = 32
   config.eval.batch_size = 32
   config.train.log_every = 20
+  config.train.min_steps = 0   # The epochs given decide: these files are tiny.
   for k, v in train.items():
     config.train[k] = v
   return config
@@ -193,15 +206,8 @@ def test_regression_follows_the_target(pretrained, tmp_path):
 
 
 def test_pair_classifier_reads_the_second_text(pretrained, tmp_path):
-  def rows(seed, n):
-    rng = np.random.default_rng(seed)
-    firsts, _ = _sentences(rng, n)
-    seconds, has = _sentences(rng, n)
-    order = rng.permutation(n)   # MARKER in the first text says nothing.
-    return [{'text': ' '.join(firsts[i]), 'text_pair': ' '.join(s), 'label': int(h)}
-            for i, s, h in zip(order, seconds, has)]
-  train = _write_jsonl(tmp_path / 'train.jsonl', rows(6, 256))
-  evaluation = _write_jsonl(tmp_path / 'eval.jsonl', rows(7, 64))
+  train = _write_jsonl(tmp_path / 'train.jsonl', _pair_rows(6, 256))
+  evaluation = _write_jsonl(tmp_path / 'eval.jsonl', _pair_rows(7, 64))
   out = str(tmp_path / 'out')
   result = loop.finetune(pretrained, out, 'pair', train, evaluation,
                          _config(num_epochs=12.0, learning_rate=3e-3, eval_every=96))
@@ -495,10 +501,11 @@ def _export_matches_ours(out, evaluation, tmp_path, auto_class: str):
       hf_dir, output_loading_info=True, attn_implementation='eager')
   assert not (info['missing_keys'] or info['unexpected_keys'] or info['mismatched_keys']), info
   examples = data_lib.read_examples(evaluation, model.task, labelled=False)
-  encoded = data_lib.encode(examples, model.task, model.tokenizer, model.seq_len)
+  encoded = data_lib.encode(examples, model.task, model.tokenizer, model.seq_len,
+                            row_format=model.row_format)
   ours = evaluate_lib.all_logits(predict_lib._logits_fn(model), encoded, 32)
   inputs = {'input_ids': encoded.input_ids, 'attention_mask': encoded.attention_mask}
-  if model.model_cfg.variant == 'bert':
+  if model.model_cfg.variant != 'modern':
     inputs['token_type_ids'] = encoded.segment_ids
   with torch.no_grad():
     logits = theirs.eval()(**{k: torch.tensor(v, dtype=torch.long) for k, v in inputs.items()})
@@ -541,3 +548,154 @@ def test_export_command_writes_the_library_export_of_a_fine_tuned_model(classifi
                         capture_output=True, text=True)
   assert both.returncode != 0
   assert 'name exactly one of --workdir (a pretraining run) and --model' in both.stderr
+
+
+# ------------------------------------------------------- length and selection
+
+
+def test_default_length_is_the_epochs_but_at_least_min_steps():
+  train = config_lib.get_config().train   # 3 epochs, at least 400 steps, batch 32.
+  small = config_lib.plan(train, 1000, 768)   # 32 steps per epoch: 96 < 400.
+  assert (small.steps_per_epoch, small.num_steps) == (32, 400)
+  assert small.eval_every == 32 and small.checkpoint_every == 32   # Once per epoch: 13 times.
+  assert small.warmup_steps == 40
+  large = config_lib.plan(train, 67_349, 768)   # SST-2's size: 2,105 steps per epoch.
+  assert large.num_steps == 6315
+  assert large.eval_every == 1263   # An epoch is a third of the run: 5 evaluations.
+  tiny = config_lib.plan(train, 40, 768)   # 2 steps per epoch: 200 epochs of 400 steps.
+  assert tiny.num_steps == 400 and tiny.eval_every == 20   # At most 20 evaluations.
+  named = train.copy_and_resolve_references()
+  named.num_steps = 50
+  assert config_lib.plan(named, 1000, 768).num_steps == 50   # Named steps win.
+  named.num_steps, named.min_steps = 0, 0
+  assert config_lib.plan(named, 1000, 768).num_steps == 96   # Epochs alone.
+  assert config_lib.default_num_steps(2.5, 10, 0) == 25
+
+
+def test_best_metric_is_the_task_main_score_unless_named():
+  assert config_lib.selection('classify', '', 2) == config_lib.Selection('accuracy', True)
+  assert config_lib.selection('regress', '', None) == config_lib.Selection('pearson', True)
+  assert config_lib.selection('tag', '', 3) == config_lib.Selection('f1', True)
+  lowest = config_lib.selection('pair', 'loss', 2)
+  assert lowest.better({'loss': 0.3}, {'loss': 0.4}) and lowest.better({'loss': 9.0}, None)
+  assert not lowest.better({'loss': 0.4}, {'loss': 0.4})   # A tie keeps the earlier.
+  highest = config_lib.selection('classify', '', 2)
+  assert highest.better({'accuracy': 0.9, 'loss': 0.5}, {'accuracy': 0.8, 'loss': 0.1})
+  # Equal accuracy: the lower loss wins, and a full tie keeps the earlier.
+  assert highest.better({'accuracy': 1.0, 'loss': 0.1}, {'accuracy': 1.0, 'loss': 0.2})
+  assert not highest.better({'accuracy': 1.0, 'loss': 0.2}, {'accuracy': 1.0, 'loss': 0.2})
+  with pytest.raises(ConfigError, match="task 'regress' reports pearson, spearman, mse, loss"):
+    config_lib.selection('regress', 'accuracy', None)
+  with pytest.raises(ConfigError, match='needs two labels; the training file has 3'):
+    config_lib.selection('classify', 'mcc', 3)
+  config = _config()
+  config.train.best_metric = 'acc'
+  with pytest.raises(ConfigError, match="config.train.best_metric='acc' is none of the scores"):
+    config_lib.check_config(config, 1)
+
+
+def _evaluations(out: str, metric: str) -> dict[int, tuple[float, float]]:
+  """{step: (score, loss)} of every evaluation metrics.jsonl logged."""
+  with open(os.path.join(out, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  return {r['step']: (r[f'eval_{metric}'], r['eval_loss']) for r in records
+          if f'eval_{metric}' in r}
+
+
+def _check_best_kept(out: str, result: dict, metric: str) -> None:
+  """The reported best is the max over the logged evaluations (ties: the lowest loss, then the
+  first step), and OUT/best holds exactly that step, which model_dir.load gives."""
+  logged = _evaluations(out, metric)
+  best = max(score for score, _ in logged.values())
+  assert result['best_metric'] == metric
+  assert result[f'eval_{metric}'] == best
+  lowest = min(loss for score, loss in logged.values() if score == best)
+  assert result['eval_loss'] == lowest
+  assert result['best_step'] == min(step for step, (score, loss) in logged.items()
+                                    if (score, loss) == (best, lowest))
+  assert model_dir.saved_steps(model_dir.best_dir(out)) == [result['best_step']]
+  model = model_dir.load(out)
+  assert model.step == result['best_step'] and model.best['value'] == best
+
+
+def test_the_best_evaluation_is_kept_and_loaded(classified):
+  out, result = classified
+  _check_best_kept(out, result, 'accuracy')
+
+
+def test_a_model_to_start_from_is_named_exactly_once(tmp_path):
+  from mlm_jax.finetuning import pretrained as pretrained_lib
+  for workdir, hf_dir in ((None, None), ('a', 'b')):
+    with pytest.raises(ConfigError, match='name exactly one model to fine-tune'):
+      pretrained_lib.load(workdir, hf_dir)
+  with pytest.raises(ConfigError, match='no such directory'):
+    pretrained_lib.load(hf_dir=str(tmp_path / 'missing'))
+
+
+# ------------------------------------------------ from published checkpoints
+
+
+# Each published layout with the task that exercises most of its row format.
+PUBLISHED_TASKS = {'bert': 'classify', 'roberta': 'pair', 'modern': 'tag'}
+PUBLISHED_ROWS = {'classify': _classify_rows, 'pair': _pair_rows, 'tag': _tag_rows}
+PUBLISHED_METRIC = {'classify': 'accuracy', 'pair': 'accuracy', 'tag': 'f1'}
+
+
+@pytest.fixture(scope='module', params=sorted(PUBLISHED_TASKS))
+def published_finetuned(request, tmp_path_factory):
+  """(variant, hf dir, out dir, result, eval file): a published-layout masked LM (random
+  weights) fine-tuned from --hf_dir on its layout's task, evaluating every 16 steps."""
+  pytest.importorskip('transformers')
+  pytest.importorskip('torch')
+  from tests import published
+  variant = request.param
+  task = PUBLISHED_TASKS[variant]
+  d = tmp_path_factory.mktemp(f'published_{variant}')
+  texts = [' '.join(s) for s in _sentences(np.random.default_rng(9), 400)[0]]
+  hf_dir = published.MAKERS[variant](str(d / 'hf'), texts)
+  rows = PUBLISHED_ROWS[task]
+  train = _write_jsonl(d / 'train.jsonl', rows(10, 256))
+  evaluation = _write_jsonl(d / 'eval.jsonl', rows(11, 64))
+  out = str(d / 'out')
+  result = loop.finetune(None, out, task, train, evaluation,
+                         _config(num_epochs=12.0, eval_every=16, learning_rate=3e-3),
+                         hf_dir=hf_dir)
+  return variant, hf_dir, out, result, evaluation
+
+
+def test_hf_dir_fine_tunes_keeps_the_best_and_exports(published_finetuned, tmp_path):
+  variant, hf_dir, out, result, evaluation = published_finetuned
+  task = PUBLISHED_TASKS[variant]
+  metric = PUBLISHED_METRIC[task]
+  assert result['step'] == 96
+  assert result[f'eval_{metric}'] >= 0.9, result
+  _check_best_kept(out, result, metric)
+  with open(os.path.join(out, 'model.json')) as f:
+    record = json.load(f)
+  assert record['pretrained'] == {'hf_dir': hf_dir} and record['model']['variant'] == variant
+  model = model_dir.load(out)
+  assert model.tokenizer.digest() == tok_lib.load(hf_dir).digest()   # The checkpoint's own.
+  auto = 'AutoModelForTokenClassification' if task == 'tag' else \
+      'AutoModelForSequenceClassification'
+  diff = _export_matches_ours(out, evaluation, tmp_path, auto)
+  assert diff <= 1e-4, diff
+
+
+def test_hf_dir_rows_are_what_its_own_tokenizer_gives(published_finetuned):
+  """[CLS] a [SEP] (b [SEP]) in the checkpoint's ids: BERT's segments, RoBERTa's
+  <s> a </s></s> b </s> with one segment."""
+  transformers = pytest.importorskip('transformers')
+  variant, hf_dir, out, _, evaluation = published_finetuned
+  model = model_dir.load(out)
+  if model.task == 'tag':
+    pytest.skip('tag rows encode each word on its own; compared through the export instead')
+  examples = data_lib.read_examples(evaluation, model.task, labelled=False)[:16]
+  ours = data_lib.encode(examples, model.task, model.tokenizer, model.seq_len,
+                         row_format=model.row_format)
+  columns = [list(texts) for texts in zip(*[e.texts for e in examples])]   # a (and b) texts.
+  theirs = transformers.AutoTokenizer.from_pretrained(hf_dir)(
+      *columns, padding='max_length', max_length=model.seq_len, return_token_type_ids=True)
+  np.testing.assert_array_equal(ours.input_ids, theirs['input_ids'])
+  np.testing.assert_array_equal(ours.attention_mask, theirs['attention_mask'])
+  np.testing.assert_array_equal(ours.segment_ids, theirs['token_type_ids'])
+  assert model.seq_len % 8 == 0 and model.seq_len >= ours.longest() > model.seq_len - 8

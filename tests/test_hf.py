@@ -23,7 +23,7 @@ import optax  # noqa: E402
 from configs import base
 from mlm_jax import model as model_lib  # noqa: E402
 from mlm_jax.analysis import fill_mask  # noqa: E402
-from mlm_jax.data import tokenizer as tok_lib  # noqa: E402
+from mlm_jax.data import sp_tokenizer  # noqa: E402
 from mlm_jax.interop import export as export_lib  # noqa: E402
 from mlm_jax.interop import hf  # noqa: E402
 from mlm_jax.training import checkpoint  # noqa: E402
@@ -32,6 +32,7 @@ from mlm_jax.training import step as step_lib  # noqa: E402
 from tests.conftest import micro_config  # noqa: E402
 from tests.conftest import model_config
 
+SPECIALS = sp_tokenizer.SPECIALS
 # Texts whose ids must agree exactly between sentencepiece and the export.
 TOKENIZER_TEXTS = [
     'The quick brown fox jumps over the lazy dog.',
@@ -67,7 +68,7 @@ def _padded_batch(rng: np.random.Generator, vocab: int, b: int, t: int, p: int,
   """Rows of the given lengths, [PAD] after; masked positions inside each row."""
   ids = rng.integers(5, vocab, (b, t))
   mask = np.arange(t)[None, :] < np.array(lengths)[:, None]
-  ids = np.where(mask, ids, tok_lib.PAD_ID)
+  ids = np.where(mask, ids, SPECIALS.pad)
   seg = np.where(np.arange(t)[None, :] >= t // 2, segments - 1, 0) * mask
   pos = np.stack([np.sort(rng.choice(n, p, replace=False)) for n in lengths])
   return {'input_ids': ids.astype(np.int32), 'attention_mask': mask.astype(np.int32),
@@ -129,7 +130,7 @@ ODD = model_config(vocab_size=300, padded_vocab_size=384, num_layers=2, hidden_s
 
 def test_export_import_round_trip_is_exact(tmp_path):
   params = _random_params(ODD)
-  hf.save_model(str(tmp_path), params, ODD)
+  hf.save_model(str(tmp_path), params, ODD, SPECIALS)
   assert hf.load_hf_config(str(tmp_path), base.get_config().model) == ODD
   loaded = hf.load_hf_params(str(tmp_path), ODD)
   v = ODD.vocab_size
@@ -176,7 +177,7 @@ def test_pickle_only_directory_is_refused(tmp_path):
 
 
 def test_shape_mismatch_names_the_tensor(tmp_path):
-  hf.save_model(str(tmp_path), _random_params(ODD), ODD)
+  hf.save_model(str(tmp_path), _random_params(ODD), ODD, SPECIALS)
   wider = dataclasses.replace(ODD, intermediate_size=64)
   with pytest.raises(ValueError, match=r'bert\.encoder\.layer\.0\.intermediate\.dense\.weight '
                      r'has shape \(100, 48\).*\(64, 48\)'):
@@ -188,7 +189,7 @@ def test_embedding_correction_by_hand():
   e = np.array([[0, 0], [2, 2], [0, 2], [2, 0], [4, 0], [0, 4], [4, 8]], np.float32)
   weights = np.array([0, 0, 0, 0, 0, 1, 3], np.float64)  # Ebar = (E5 + 3 E6) / 4 = [3, 7]
   out = export_lib.embedding_correction(e, select_rate=0.5, mask_prob=0.5, random_prob=0.25,
-                                        random_weights=weights)
+                                        random_weights=weights, mask_id=4)
   # Row i: 0.5 E_i + 0.5 (0.5 [4, 0] + 0.25 E_i + 0.25 [3, 7]) = 0.625 E_i + [1.375, 0.875].
   np.testing.assert_allclose(out[5], [1.375, 3.375])
   np.testing.assert_allclose(out[6], [3.875, 5.875])
@@ -197,7 +198,7 @@ def test_embedding_correction_by_hand():
   assert out.dtype == np.float32
   # Nothing selected: unchanged.
   np.testing.assert_array_equal(export_lib.embedding_correction(
-      e, select_rate=0.0, mask_prob=0.8, random_prob=0.1, random_weights=weights), e)
+      e, select_rate=0.0, mask_prob=0.8, random_prob=0.1, random_weights=weights, mask_id=4), e)
 
 
 # ------------------------------------------------------- a short trained run
@@ -230,14 +231,15 @@ def test_exported_tokenizer_gives_our_ids(exported, corpus_glob):
   import glob
   run, out = exported
   tokenizer = transformers.AutoTokenizer.from_pretrained(out)
-  assert (tokenizer.mask_token_id, tokenizer.pad_token_id) == (tok_lib.MASK_ID, tok_lib.PAD_ID)
+  specials = run.tokenizer.specials
+  assert (tokenizer.mask_token_id, tokenizer.pad_token_id) == (specials.mask, specials.pad)
   docs = [d for path in sorted(glob.glob(corpus_glob)) for d in open(path).read().split('\n\n')]
   texts = TOKENIZER_TEXTS + docs
-  ours = [[tok_lib.CLS_ID, *ids, tok_lib.SEP_ID] for ids in run.tokenizer.encode(texts)]
+  ours = [[specials.cls, *ids, specials.sep] for ids in run.tokenizer.encode(texts)]
   theirs = tokenizer(texts)['input_ids']
   mismatched = [t for t, a, b in zip(texts, ours, theirs) if a != b]
   assert not mismatched, mismatched[:3]
-  assert tok_lib.MASK_ID in theirs[TOKENIZER_TEXTS.index('[MASK] starts, ends [MASK]')]
+  assert specials.mask in theirs[TOKENIZER_TEXTS.index('[MASK] starts, ends [MASK]')]
 
 
 def test_fill_mask_pipeline_agrees_with_ours(exported):
@@ -259,11 +261,11 @@ def test_corrected_export_loads(exported, tmp_path):
   m, v = run.config['masking'], run.model_cfg.vocab_size
   counts = np.load(os.path.join(run.config['resolved']['data_dir'], 'unigram_counts.npy'))
   counts = counts.astype(np.float64)
-  counts[list(tok_lib.SPECIAL_IDS)] = 0
+  counts[run.tokenizer.special_ids()] = 0
   table = run.params['encoder']['embeddings']['token']['embedding'][:v]
   expected = export_lib.embedding_correction(
       table, select_rate=m['select_rate'], mask_prob=m['mask_prob'],
-      random_prob=m['random_prob'], random_weights=counts)
+      random_prob=m['random_prob'], random_weights=counts, mask_id=run.tokenizer.specials.mask)
   got = model.bert.embeddings.word_embeddings.weight.detach().numpy()
   np.testing.assert_allclose(got, expected, rtol=0, atol=1e-7)
   assert np.abs(got - table).max() > 1e-4  # It did change.
@@ -302,15 +304,16 @@ def test_training_continues_from_an_exported_model(exported, corpus_glob, tmp_pa
     assert f.read() == run.tokenizer.model_proto
 
 
-def test_hf_dir_without_a_sentencepiece_model_is_refused(exported, corpus_glob, tmp_path):
+def test_hf_dir_without_tokenizer_files_is_refused(exported, corpus_glob, tmp_path):
   import shutil
 
   from mlm_jax import configuration as config_lib
   _, out = exported
   bare = tmp_path / 'bare'
   shutil.copytree(out, bare)
-  os.remove(bare / 'tokenizer.model')
+  for name in ('tokenizer.model', 'tokenizer.json', 'tokenizer_config.json'):
+    os.remove(bare / name)
   config = micro_config(corpus_glob, str(tmp_path / 'data'))
   config.init.hf_dir = str(bare)
-  with pytest.raises(config_lib.ConfigError, match='has no tokenizer.model'):
+  with pytest.raises(config_lib.ConfigError, match='has no tokenizer files'):
     trainer.train_and_evaluate(config, str(tmp_path / 'run'))

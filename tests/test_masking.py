@@ -7,7 +7,12 @@ from scipy import stats
 
 from mlm_jax import configuration
 from mlm_jax.data import masking
-from mlm_jax.data import tokenizer as tok
+from mlm_jax.data import sp_tokenizer
+from mlm_jax.data import tokenizer as tok_lib
+
+# The layout of the tokenizers trained here ([PAD]=0 ... [MASK]=4); the rows
+# below use it, and test_other_special_layouts another.
+S = sp_tokenizer.SPECIALS
 
 V, T, P = 2000, 128, 20
 
@@ -16,25 +21,25 @@ def _rows(n: int, seed: int = 0, vocab_lo: int = 5, vocab_hi: int = V) -> np.nda
   """Packed-looking rows: [CLS] ... [SEP] ... [SEP], some with [PAD] tails."""
   rng = np.random.default_rng(seed)
   ids = rng.integers(vocab_lo, vocab_hi, (n, T)).astype(np.int32)
-  ids[:, 0] = tok.CLS_ID
-  ids[:, -1] = tok.SEP_ID
-  ids[np.arange(n), rng.integers(1, T - 1, n)] = tok.SEP_ID  # A document boundary.
+  ids[:, 0] = S.cls
+  ids[:, -1] = S.sep
+  ids[np.arange(n), rng.integers(1, T - 1, n)] = S.sep  # A document boundary.
   pad_from = rng.integers(T // 2, T + 1, n)
-  ids[np.arange(T)[None, :] >= pad_from[:, None]] = tok.PAD_ID
+  ids[np.arange(T)[None, :] >= pad_from[:, None]] = S.pad
   has_pad = pad_from < T
-  ids[has_pad, pad_from[has_pad] - 1] = tok.SEP_ID
+  ids[has_pad, pad_from[has_pad] - 1] = S.sep
   return ids
 
 
 # Masker options besides the rates: token mode (span settings unused there).
-TOKEN_MODE = dict(mode='token', span_p=0.2, span_max=10)
+TOKEN_MODE = dict(mode='token', span_p=0.2, span_max=10, specials=S)
 
 
 def _masker(counts=None, source='unigram', mask_prob=0.8, random_prob=0.1, rate=0.15, p=P):
   if counts is None:
     counts = np.arange(V, dtype=np.int64)
   return masking.Masker(p, rate, mask_prob, random_prob,
-                        masking.replacement_distribution(source, V, counts), **TOKEN_MODE)
+                        masking.replacement_distribution(source, V, counts, S.ids), **TOKEN_MODE)
 
 
 def _selected(batch):
@@ -50,14 +55,14 @@ def test_rates_match_bert_recipe_on_500k_tokens():
   counts = np.zeros(V, np.int64)
   counts[5:1000] = 1
   batch = _masker(counts)(ids, seed=0, step=0, rows=np.arange(len(ids)))
-  maskable = ~np.isin(ids, (tok.PAD_ID, tok.CLS_ID, tok.SEP_ID))
+  maskable = ~np.isin(ids, (S.pad, S.cls, S.sep))
   assert maskable.sum() >= 100_000
   r, pos, _ = _selected(batch)
   assert abs(len(r) / maskable.sum() - 0.15) < 0.01
   new = batch['input_ids'][r, pos]
   orig = ids[r, pos]
-  frac_mask = np.mean(new == tok.MASK_ID)
-  frac_random = np.mean((new != tok.MASK_ID) & (new != orig))
+  frac_mask = np.mean(new == S.mask)
+  frac_random = np.mean((new != S.mask) & (new != orig))
   frac_keep = np.mean(new == orig)
   assert abs(frac_mask - 0.8) < 0.01, frac_mask
   assert abs(frac_random - 0.1) < 0.01, frac_random
@@ -77,19 +82,19 @@ def test_configured_rates_are_followed(rate, mask_prob, random_prob):
   m = _masker(counts, rate=rate, mask_prob=mask_prob, random_prob=random_prob, p=60)
   batch = m(ids, seed=3, step=7, rows=np.arange(len(ids)))
   r, pos, _ = _selected(batch)
-  maskable = ~np.isin(ids, (tok.PAD_ID, tok.CLS_ID, tok.SEP_ID))
+  maskable = ~np.isin(ids, (S.pad, S.cls, S.sep))
   assert abs(len(r) / maskable.sum() - rate) < 0.01
   new, orig = batch['input_ids'][r, pos], ids[r, pos]
-  assert abs(np.mean(new == tok.MASK_ID) - mask_prob) < 0.01
-  assert abs(np.mean((new != tok.MASK_ID) & (new != orig)) - random_prob) < 0.01
+  assert abs(np.mean(new == S.mask) - mask_prob) < 0.01
+  assert abs(np.mean((new != S.mask) & (new != orig)) - random_prob) < 0.01
 
 
 def test_exact_count_per_row_and_static_shapes():
   ids = _rows(500, seed=1)
-  ids[3, 1:] = tok.PAD_ID  # A row with nothing to mask.
-  ids[4, 3:] = tok.PAD_ID  # A row with two maskable tokens.
+  ids[3, 1:] = S.pad  # A row with nothing to mask.
+  ids[4, 3:] = S.pad  # A row with two maskable tokens.
   batch = _masker()(ids, seed=0, step=0, rows=np.arange(500))
-  n = (~np.isin(ids, (tok.PAD_ID, tok.CLS_ID, tok.SEP_ID))).sum(axis=1)
+  n = (~np.isin(ids, (S.pad, S.cls, S.sep))).sum(axis=1)
   expected = np.where(n > 0, np.clip(np.floor(0.15 * n + 0.5), 1, P), 0)
   np.testing.assert_array_equal(batch['masked_weights'].sum(axis=1), expected)
   assert batch['masked_weights'][3].sum() == 0 and batch['masked_weights'][4].sum() == 1
@@ -111,25 +116,26 @@ def test_exact_count_per_row_and_static_shapes():
 def test_special_tokens_never_selected_nor_inserted():
   ids = _rows(2000, seed=2)
   counts = np.ones(V, np.int64)
-  counts[list(tok.SPECIAL_IDS)] = 10**9  # Would dominate if specials were drawable.
+  counts[list(S.ids)] = 10**9  # Would dominate if specials were drawable.
   for source in ('unigram', 'uniform'):
     m = _masker(counts, source=source, mask_prob=0.0, random_prob=1.0)
     batch = m(ids, seed=5, step=1, rows=np.arange(len(ids)))
     r, pos, _ = _selected(batch)
-    assert not np.isin(ids[r, pos], (tok.PAD_ID, tok.CLS_ID, tok.SEP_ID)).any()
+    assert not np.isin(ids[r, pos], (S.pad, S.cls, S.sep)).any()
     inserted = batch['input_ids'][r, pos]
-    assert not np.isin(inserted, tok.SPECIAL_IDS).any()
+    assert not np.isin(inserted, S.ids).any()
     # Special tokens stay where they were.
-    special = np.isin(ids, (tok.PAD_ID, tok.CLS_ID, tok.SEP_ID))
+    special = np.isin(ids, (S.pad, S.cls, S.sep))
     np.testing.assert_array_equal(batch['input_ids'][special], ids[special])
-  np.testing.assert_array_equal(batch['attention_mask'], (ids != tok.PAD_ID).astype(np.int32))
+  np.testing.assert_array_equal(batch['attention_mask'], (ids != S.pad).astype(np.int32))
 
 
 def test_random_replacements_follow_unigram_counts():
   vocab = 40
   counts = np.zeros(vocab, np.int64)
   counts[5:] = np.random.default_rng(0).integers(1, 200, vocab - 5) ** 2  # Skewed.
-  m = masking.Masker(P, 0.15, 0.0, 1.0, masking.replacement_distribution('unigram', vocab, counts),
+  m = masking.Masker(P, 0.15, 0.0, 1.0,
+                     masking.replacement_distribution('unigram', vocab, counts, S.ids),
                      **TOKEN_MODE)
   ids = _rows(3000, seed=3, vocab_hi=vocab)
   draws = []
@@ -143,7 +149,8 @@ def test_random_replacements_follow_unigram_counts():
   _, p_value = stats.chisquare(observed, expected)
   assert p_value > 1e-3, p_value
   # And the uniform option is uniform over the normal vocabulary.
-  m = masking.Masker(P, 0.15, 0.0, 1.0, masking.replacement_distribution('uniform', vocab, counts),
+  m = masking.Masker(P, 0.15, 0.0, 1.0,
+                     masking.replacement_distribution('uniform', vocab, counts, S.ids),
                      **TOKEN_MODE)
   batch = m(ids, seed=11, step=0, rows=np.arange(len(ids)))
   r, pos, _ = _selected(batch)
@@ -171,17 +178,19 @@ def test_same_seed_same_mask_and_independent_of_how_rows_are_split():
 
 # ---------------------------------------------------------------- modes
 
-SPECIAL = (tok.PAD_ID, tok.CLS_ID, tok.SEP_ID)
+SPECIAL = (S.pad, S.cls, S.sep)
 # A synthetic sentencepiece vocabulary: every third normal piece starts a word.
-PIECES = list(tok.SPECIAL_TOKENS) + [('\u2581w' if i % 3 == 0 else 'x') + str(i)
-                                     for i in range(5, V)]
+PIECES = list(tok_lib.SPECIAL_TOKENS) + [('\u2581w' if i % 3 == 0 else 'x') + str(i)
+                                         for i in range(5, V)]
+WORD_START = np.array([p.startswith('\u2581') for p in PIECES])
 
 
-def _mode_masker(mode, counts=None, rate=0.15, p=P, mask_prob=0.8, random_prob=0.1, pieces=PIECES):
+def _mode_masker(mode, counts=None, rate=0.15, p=P, mask_prob=0.8, random_prob=0.1):
   config = ml_collections.ConfigDict(dict(
       max_predictions=p, select_rate=rate, mask_prob=mask_prob, random_prob=random_prob,
       random_source='unigram', mode=mode, span_p=0.2, span_max_length=10))
-  return masking.make_masker(config, V, np.arange(V) if counts is None else counts, pieces)
+  return masking.make_masker_for_ids(config, V, np.arange(V) if counts is None else counts, S,
+                                     word_start=WORD_START)
 
 
 def _words(row, pieces=PIECES):
@@ -215,7 +224,7 @@ def test_default_mode_is_token_and_bit_identical_to_plain_masker():
   saved = dict(max_predictions=P, select_rate=0.15, mask_prob=0.8, random_prob=0.1,
                random_source='unigram')
   config = configuration.with_defaults({'masking': saved}).masking
-  old_style = masking.make_masker(config, V, np.arange(V))
+  old_style = masking.make_masker_for_ids(config, V, np.arange(V), S)
   assert old_style.mode == 'token'
   a = old_style(ids, seed=1, step=2, rows=np.arange(300))
   b = _masker()(ids, seed=1, step=2, rows=np.arange(300))
@@ -237,7 +246,7 @@ def test_several_steps_in_one_call_equal_one_call_per_step():
 
 def test_whole_word_masks_whole_words_within_an_exact_budget():
   ids = _rows(2000, seed=8, vocab_lo=1000)
-  ids[0, 1:] = tok.PAD_ID
+  ids[0, 1:] = S.pad
   ids[0, 1:4] = [1002, 1003, 1004]  # One word of 3 pieces and a budget of 1: nothing fits.
   counts = np.zeros(V, np.int64)
   counts[5:1000] = 1
@@ -255,8 +264,8 @@ def test_whole_word_masks_whole_words_within_an_exact_budget():
   assert not np.isin(ids[sel], SPECIAL).any()
   r, pos, _ = _selected(batch)
   new, orig = batch['input_ids'][r, pos], ids[r, pos]
-  assert abs(np.mean(new == tok.MASK_ID) - 0.8) < 0.01
-  assert abs(np.mean((new != tok.MASK_ID) & (new != orig)) - 0.1) < 0.01
+  assert abs(np.mean(new == S.mask) - 0.8) < 0.01
+  assert abs(np.mean((new != S.mask) & (new != orig)) - 0.1) < 0.01
   assert abs(np.mean(new == orig) - 0.1) < 0.01
 
 
@@ -264,10 +273,10 @@ def test_whole_word_on_real_text(prepared):
   config, data = prepared
   source = data.source('train')
   ids = np.stack([source[i]['input_ids'] for i in range(min(len(source), 2000))])
-  pieces = [data.tokenizer.id_to_piece(i) for i in range(data.tokenizer.vocab_size)]
+  pieces = data.tokenizer.pieces()
   masking_config = ml_collections.ConfigDict(config.masking.to_dict())
   masking_config.mode = 'whole_word'
-  m = masking.make_masker(masking_config, data.tokenizer.vocab_size, data.unigram_counts, pieces)
+  m = masking.make_masker(masking_config, data.tokenizer, data.unigram_counts)
   batch = m(ids, seed=3, step=1, rows=np.arange(len(ids)))
   sel = _selected_mask(batch)
   for row in range(len(ids)):
@@ -316,15 +325,15 @@ def test_span_lengths_are_clipped_geometric_and_budget_exact():
   assert abs(np.mean(first) - (pmf * np.arange(1, 11)).sum()) < 0.15
   r, pos, _ = _selected(batch)
   new, orig = batch['input_ids'][r, pos], ids[r, pos]
-  assert abs(np.mean(new == tok.MASK_ID) - 0.8) < 0.01
-  assert abs(np.mean((new != tok.MASK_ID) & (new != orig)) - 0.1) < 0.01
+  assert abs(np.mean(new == S.mask) - 0.8) < 0.01
+  assert abs(np.mean((new != S.mask) & (new != orig)) - 0.1) < 0.01
   assert abs(np.mean(new == orig) - 0.1) < 0.01
 
 
 @pytest.mark.parametrize('mode', ['whole_word', 'span'])
 def test_modes_follow_a_30_percent_rate_and_keep_static_shapes(mode):
   ids = _rows(1000, seed=10)
-  ids[3, 1:] = tok.PAD_ID  # Nothing to mask.
+  ids[3, 1:] = S.pad  # Nothing to mask.
   batch = _mode_masker(mode, rate=0.3, p=48)(ids, seed=1, step=3, rows=np.arange(1000))
   for key, shape in [('input_ids', (1000, T)), ('masked_positions', (1000, 48)),
                      ('masked_ids', (1000, 48)), ('masked_weights', (1000, 48))]:
@@ -355,12 +364,12 @@ def test_every_mode_is_a_function_of_seed_step_and_row(mode):
                               m(ids, rows=np.arange(64), **other)['masked_positions'])
 
 
-def test_whole_word_mode_needs_the_pieces():
+def test_whole_word_mode_needs_the_word_starts():
   config = ml_collections.ConfigDict(dict(max_predictions=P, select_rate=0.15, mask_prob=0.8,
                                           random_prob=0.1, random_source='uniform',
                                           mode='whole_word', span_p=0.2, span_max_length=10))
-  with pytest.raises(ValueError, match='pieces'):
-    masking.make_masker(config, V, None)
+  with pytest.raises(ValueError, match='word starts'):
+    masking.make_masker_for_ids(config, V, None, S)
 
 
 def test_slot_kinds_partition_the_masked_slots_in_the_configured_shares():
@@ -371,10 +380,45 @@ def test_slot_kinds_partition_the_masked_slots_in_the_configured_shares():
   r, pos, s = _selected(batch)
   shown, target = batch['input_ids'][r, pos], batch['masked_ids'][r, s]
   kind = kinds[r, s]
-  assert np.all((shown == tok.MASK_ID) == (kind == 1))
+  assert np.all((shown == S.mask) == (kind == 1))
   assert np.all(shown[kind == 3] == target[kind == 3])  # Kept: the input shows the target.
-  assert np.all(shown[kind == 2] != tok.MASK_ID)
+  assert np.all(shown[kind == 2] != S.mask)
   shares = np.bincount(kind, minlength=4)[1:] / len(kind)
   n = len(kind)
   for share, expected in zip(shares, (0.8, 0.1, 0.1)):
     assert abs(share - expected) < 4 * np.sqrt(expected * (1 - expected) / n), shares
+
+
+# RoBERTa's layout: <s>=0 <pad>=1 </s>=2 <unk>=3, <mask> the last id; 4 another special id.
+ROBERTA = tok_lib.Specials(pad=1, unk=3, cls=0, sep=2, mask=V - 1,
+                           tokens=('<pad>', '<unk>', '<s>', '</s>', '<mask>'))
+
+
+@pytest.mark.parametrize('mode', masking.MODES)
+def test_other_special_layouts_take_their_ids_from_the_specials(mode):
+  rows = _rows(1000, seed=13, vocab_hi=V - 1)
+  # The same rows in RoBERTa's ids: [CLS] 2 -> 0, [SEP] 3 -> 2, [PAD] 0 -> 1.
+  ids = np.select([rows == S.cls, rows == S.sep, rows == S.pad], [0, 2, 1], rows)
+  config = ml_collections.ConfigDict(dict(
+      max_predictions=P, select_rate=0.15, mask_prob=0.5, random_prob=0.5,
+      random_source='uniform', mode=mode, span_p=0.2, span_max_length=10))
+  word_start = np.zeros(V, bool)
+  word_start[::3] = True
+  m = masking.make_masker_for_ids(config, V, None, ROBERTA, special_ids=(0, 1, 2, 3, 4, V - 1),
+                                  word_start=word_start)
+  batch = m(ids, seed=2, step=0, rows=np.arange(len(ids)))
+  never = np.isin(ids, ROBERTA.never_masked)
+  if mode != 'whole_word':  # Whole words may fall short of the budget.
+    np.testing.assert_array_equal(batch['masked_weights'].sum(axis=1), _expected_k(rows))
+  sel = _selected_mask(batch)
+  assert sel.any() and not (sel & never).any()
+  np.testing.assert_array_equal(batch['input_ids'][never], ids[never])
+  np.testing.assert_array_equal(batch['attention_mask'], (ids != ROBERTA.pad).astype(np.int32))
+  shown = batch['input_ids'][sel]
+  replaced = shown[(shown != ids[sel])]
+  assert (replaced == V - 1).mean() > 0.3          # [MASK] is the tokenizer's mask id...
+  assert not np.isin(replaced[replaced != V - 1], (0, 1, 2, 3, 4)).any()  # ...no special drawn.
+  # The same selection as with the default layout: only the ids differ.
+  same = masking.make_masker_for_ids(config, V, None, S, word_start=word_start)(
+      rows, seed=2, step=0, rows=np.arange(len(rows)))
+  np.testing.assert_array_equal(batch['masked_positions'], same['masked_positions'])

@@ -19,7 +19,7 @@ from configs import tiny
 from mlm_jax import configuration
 from mlm_jax import model as model_lib
 from mlm_jax.config_check import ConfigError
-from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.data import sp_tokenizer
 from mlm_jax.model import config as config_lib
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
@@ -27,6 +27,7 @@ from tests.conftest import as_modern
 from tests.conftest import micro_config
 from tests.conftest import model_config
 
+SPECIALS = sp_tokenizer.SPECIALS  # Ids 0-4: the layout of the tokenizers trained here.
 V, T = 300, 32  # A vocabulary that is not a multiple of 128: the model has padding rows.
 LENGTHS = (32, 9, 20, 27)  # Real tokens per row; [PAD] after.
 
@@ -45,7 +46,7 @@ def _batch(seed: int = 0, p: int = T) -> dict[str, np.ndarray]:
   """Rows of LENGTHS real tokens; p = T gathers every position (the encoder's whole output)."""
   rng = np.random.default_rng(seed)
   mask = (np.arange(T)[None] < np.array(LENGTHS)[:, None]).astype(np.int32)
-  ids = np.where(mask > 0, rng.integers(5, V, mask.shape), tok_lib.PAD_ID).astype(np.int32)
+  ids = np.where(mask > 0, rng.integers(5, V, mask.shape), SPECIALS.pad).astype(np.int32)
   if p == T:
     positions = np.tile(np.arange(T, dtype=np.int32), (len(LENGTHS), 1))
   else:
@@ -91,7 +92,7 @@ def test_configs_check_and_have_the_published_shapes():
 
 
 @pytest.mark.parametrize('fields, message', [
-    ({'variant': 'roberta'}, r"use 'bert' or 'modern'"),
+    ({'variant': 'gpt2'}, r"use 'bert', 'roberta' or 'modern'"),
     ({'scan_layers': True}, 'scan_layers=True'),
     ({'local_attention': 7}, 'positive even'),
     ({'global_attn_every_n_layers': 0}, 'at least 1'),
@@ -218,14 +219,14 @@ def test_modern_learns_what_only_context_gives():
   from mlm_jax.data import masking
   from mlm_jax.training import step as step_lib
   k, t, b, steps = 16, 32, 32, 300
-  first = tok_lib.FIRST_NORMAL_ID
+  first = max(SPECIALS.ids) + 1
   f = np.random.default_rng(0).permutation(k)
   rng = np.random.default_rng(1)
 
   def rows(n):
     a = rng.integers(0, k, (n, (t - 2) // 2))
     pairs = np.stack([a, f[a]], axis=-1).reshape(n, -1) + first
-    cls, sep = np.full((n, 1), tok_lib.CLS_ID), np.full((n, 1), tok_lib.SEP_ID)
+    cls, sep = np.full((n, 1), SPECIALS.cls), np.full((n, 1), SPECIALS.sep)
     return np.concatenate([cls, pairs, sep], axis=1).astype(np.int32)
 
   masking_config = ConfigDict(dict(max_predictions=6, select_rate=0.15, mask_prob=0.8,
@@ -233,7 +234,7 @@ def test_modern_learns_what_only_context_gives():
                                    span_p=0.2, span_max_length=10))
   counts = np.zeros(first + k)
   counts[first:] = 1
-  masker = masking.make_masker(masking_config, first + k, counts)
+  masker = masking.make_masker_for_ids(masking_config, first + k, counts, SPECIALS)
 
   def batch(step, seed=0):
     ids = rows(b)
@@ -301,8 +302,8 @@ def _hf_model(transformers, seed: int = 0):
       max_position_embeddings=T, local_attention=c.local_attention,
       global_attn_every_n_layers=c.global_attn_every_n_layers,
       global_rope_theta=c.global_rope_theta, local_rope_theta=c.local_rope_theta,
-      pad_token_id=tok_lib.PAD_ID, bos_token_id=tok_lib.CLS_ID, cls_token_id=tok_lib.CLS_ID,
-      eos_token_id=tok_lib.SEP_ID, sep_token_id=tok_lib.SEP_ID, attn_implementation='eager')
+      pad_token_id=SPECIALS.pad, bos_token_id=SPECIALS.cls, cls_token_id=SPECIALS.cls,
+      eos_token_id=SPECIALS.sep, sep_token_id=SPECIALS.sep, attn_implementation='eager')
   model = transformers.ModernBertForMaskedLM(config).eval()
   with torch.no_grad():
     for name, p in model.named_parameters():
@@ -363,7 +364,7 @@ def test_export_loads_as_modernbert_with_our_logits_and_round_trips(attn_impleme
   from mlm_jax.interop import hf
   transformers = _transformers()
   cfg, params = _cfg(), _random_params(_cfg(), seed=4)
-  hf.save_model(str(tmp_path), params, cfg)
+  hf.save_model(str(tmp_path), params, cfg, SPECIALS)
   hf_model, info = transformers.AutoModelForMaskedLM.from_pretrained(
       tmp_path, attn_implementation=attn_implementation, output_loading_info=True)
   assert type(hf_model).__name__ == 'ModernBertForMaskedLM'

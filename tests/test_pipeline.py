@@ -13,17 +13,21 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from configs import base
 from mlm_jax.data import index_shuffle
 from mlm_jax.data import masking
 from mlm_jax.data import packing
 from mlm_jax.data import pipeline as input_pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import sentence_pairs
-from mlm_jax.data import tokenizer as tok
+from mlm_jax.data import sp_tokenizer
+from mlm_jax.data import tokenizer as tok_lib
 from tests.conftest import REPO
 from tests.conftest import write_config_file
 
 T = 64
+# The special ids of the synthetic rows below (those of the tokenizers trained here).
+S = sp_tokenizer.SPECIALS
 
 
 def _take(it, n):
@@ -37,20 +41,18 @@ def _assert_same(a, b):
 
 
 def _masker(config, data, mode='token'):
-  pieces = [data.tokenizer.id_to_piece(i) for i in range(data.tokenizer.vocab_size)]
-  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts, pieces)
-  return masking.Masker(m.max_predictions, m.select_rate, m.mask_prob, m.random_prob,
-                        m.replacement_probs, mode=mode, span_p=m.span_p, span_max=m.span_max,
-                        word_start=masking.word_starts(pieces))
+  masking_config = config.masking.copy_and_resolve_references()
+  masking_config.mode = mode
+  return masking.make_masker(masking_config, data.tokenizer, data.unigram_counts)
 
 
 def _packed_rows(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
   """A source of packed rows with distinct content: [CLS] n*1000+j ... [SEP]; one short row."""
   rows = []
   for i in range(n):
-    ids = np.full(T, tok.PAD_ID, np.int32)
+    ids = np.full(T, S.pad, np.int32)
     length = T if i != n - 1 else 3  # The last row of a split may be short.
-    ids[0], ids[length - 1] = tok.CLS_ID, tok.SEP_ID
+    ids[0], ids[length - 1] = S.cls, S.sep
     ids[1:length - 1] = 5 + i * 100 + np.arange(length - 2)
     rows.append({'input_ids': ids})
   return rows
@@ -66,14 +68,14 @@ def test_row_readers_match_tfds_decoding(prepared, tmp_path):
   seq_len = len(tfds_source[0]['input_ids'])
   expected = np.stack([tfds_source[i]['input_ids'] if i >= 0 else np.zeros(seq_len, np.int32)
                        for i in indices])
-  np.testing.assert_array_equal(input_pipeline.RowReader(dense)(indices), expected)
+  np.testing.assert_array_equal(input_pipeline.RowReader(dense, S.pad)(indices), expected)
   np.testing.assert_array_equal(dense[len(dense) - 1]['input_ids'], expected[3])
   assert len(pickle.dumps(dense)) < 2000  # Worker processes get the paths, not the rows.
   # Data prepared before the .npy shards existed: the tfds records, parsed in one call.
   old = tmp_path / 'old'
   shutil.copytree(data.data_dir, old)
   shutil.rmtree(old / packing.DENSE_DIR)
-  reader = input_pipeline.RowReader(prepare.load(str(old)).source('train'))
+  reader = input_pipeline.RowReader(prepare.load(str(old)).source('train'), S.pad)
   assert reader._raw is not None
   np.testing.assert_array_equal(reader(indices), expected)
 
@@ -81,7 +83,7 @@ def test_row_readers_match_tfds_decoding(prepared, tmp_path):
 def test_batches_same_for_any_chunk_size(prepared):
   config, data = prepared
   source = data.source('train')
-  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  m = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   kwargs = dict(global_batch=8, seed=5, start_step=2, process_index=1, process_count=2)
   one_step = _take(input_pipeline.train_batches(source, m, chunk_rows=1, **kwargs), 7)
   chunked = _take(input_pipeline.train_batches(source, m, chunk_rows=12, **kwargs), 7)
@@ -105,9 +107,9 @@ def test_worker_processes_give_the_same_batches(prepared):
 
 def _pair_parts(row, segments):
   """([CLS] first [SEP] second [SEP]) -> (first, second) token lists; checks the layout."""
-  real = row[row != tok.PAD_ID]
-  assert real[0] == tok.CLS_ID and real[-1] == tok.SEP_ID
-  seps = np.flatnonzero(real == tok.SEP_ID)
+  real = row[row != S.pad]
+  assert real[0] == S.cls and real[-1] == S.sep
+  seps = np.flatnonzero(real == S.sep)
   assert len(seps) == 2  # The content has no [SEP] of its own in these rows.
   first, second = real[1:seps[0]], real[seps[0] + 1:-1]
   np.testing.assert_array_equal(
@@ -119,12 +121,12 @@ def _pair_parts(row, segments):
 @pytest.mark.parametrize('task', ['nsp', 'sop'])
 def test_sentence_pairs_layout_labels_and_balance(task):
   source = _packed_rows(50)
-  reader = input_pipeline.RowReader(source)
+  reader = input_pipeline.RowReader(source, S.pad)
   n = 4000
   own = np.arange(n) % 50
   ids = reader(own)
-  pairs = sentence_pairs.build(ids, task=task, seed=1, step=7, rows=np.arange(n),
-                                        read_other=reader, own_indices=own, num_source_rows=50)
+  pairs = sentence_pairs.build(ids, task=task, specials=S, seed=1, step=7, rows=np.arange(n),
+                               read_other=reader, own_indices=own, num_source_rows=50)
   labels, weights = pairs['sentence_pair_labels'], pairs['sentence_pair_weights']
   assert labels.dtype == np.int32 and pairs['segment_ids'].dtype == np.int32
   ok = own != 49
@@ -146,8 +148,8 @@ def test_sentence_pairs_layout_labels_and_balance(task):
       other = (second[0] - 5) // 100
       assert other != own[r]
       other_content = source[other]['input_ids'][1:-1]
-      other_content = other_content[other_content != tok.SEP_ID]
-      other_content = other_content[other_content != tok.PAD_ID]
+      other_content = other_content[other_content != S.sep]
+      other_content = other_content[other_content != S.pad]
       expected = other_content[(len(first) + np.arange(len(second))) % len(other_content)]
       np.testing.assert_array_equal(second, expected)
     cuts.append(len(first) if labels[r] == 0 or task == 'nsp' else len(second))
@@ -156,10 +158,32 @@ def test_sentence_pairs_layout_labels_and_balance(task):
   np.testing.assert_array_equal(pairs['input_ids'][~ok], ids[~ok])
 
 
+def test_pairs_and_padding_rows_take_the_tokenizers_ids():
+  # RoBERTa's layout: <s>=0 <pad>=1 </s>=2; a padding row is all <pad>, not id 0.
+  roberta = tok_lib.Specials(pad=1, unk=3, cls=0, sep=2, mask=4,
+                             tokens=('<pad>', '<unk>', '<s>', '</s>', '<mask>'))
+  source = [{'input_ids': np.select([r['input_ids'] == S.cls, r['input_ids'] == S.sep,
+                                     r['input_ids'] == S.pad], [0, 2, 1], r['input_ids'])}
+            for r in _packed_rows(10)]
+  masking_config = base.get_config().masking
+  masking_config.random_source = 'uniform'
+  masker = masking.make_masker_for_ids(masking_config, 6000, None, roberta)
+  batches = list(input_pipeline.eval_batches(source, masker, global_batch=8, mask_seed=1,
+                                             sentence_pair='nsp'))
+  padding = ~batches[1]['attention_mask'].any(axis=1)
+  assert padding.sum() == 6 and (batches[1]['input_ids'][padding] == roberta.pad).all()
+  assert not batches[1]['sentence_pair_weights'][padding].any()
+  assert not batches[1]['masked_weights'][padding].any()
+  for row, weight in zip(batches[0]['input_ids'], batches[0]['sentence_pair_weights']):
+    real = row[row != roberta.pad]
+    assert weight == 1 and real[0] == roberta.cls and real[-1] == roberta.sep
+    assert (real == roberta.sep).sum() == 2 and (real == roberta.cls).sum() == 1
+
+
 def test_sentence_pairs_are_a_function_of_seed_step_and_row(prepared):
   config, data = prepared
   source = data.source('train')
-  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  m = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   kwargs = dict(global_batch=8, seed=3, sentence_pair='sop')
   single = _take(input_pipeline.train_batches(source, m, **kwargs), 4)
   parts = [_take(input_pipeline.train_batches(source, m, process_index=p, process_count=2,
@@ -174,7 +198,7 @@ def test_sentence_pairs_are_a_function_of_seed_step_and_row(prepared):
   # The middle [SEP] is never masked, and masks follow the paired rows.
   for batch in single:
     r, s = np.nonzero(batch['masked_weights'])
-    assert not np.isin(batch['masked_ids'][r, s], (tok.SEP_ID, tok.CLS_ID, tok.PAD_ID)).any()
+    assert not np.isin(batch['masked_ids'][r, s], (S.sep, S.cls, S.pad)).any()
     assert (batch['segment_ids'].max(axis=1) == batch['sentence_pair_weights']).all()
   # Without a task the batches have no pair keys and a single segment.
   plain = next(input_pipeline.train_batches(source, m, global_batch=8, seed=3))
@@ -186,7 +210,7 @@ def test_sentence_pairs_are_a_function_of_seed_step_and_row(prepared):
 def test_eval_pairs_fixed_and_padding_rows_weightless(prepared):
   config, data = prepared
   source = data.source('validation')
-  m = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  m = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   kwargs = dict(global_batch=16, mask_seed=1, sentence_pair='nsp')
   batches = list(input_pipeline.eval_batches(source, m, **kwargs))
   again = list(input_pipeline.eval_batches(source, m, **kwargs))
@@ -264,8 +288,9 @@ def test_batches_are_bit_for_bit_those_of_earlier_releases():
   # pipeline before the vectorised shuffle and the .npy rows: a change of
   # rows, order or masks for a fixed seed and step fails here.
   masker = masking.Masker(max_predictions=10, select_rate=0.15, mask_prob=0.8, random_prob=0.1,
-                          replacement_probs=masking.replacement_distribution('uniform', 6000, None),
-                          mode='token', span_p=0.2, span_max=10)
+                          replacement_probs=masking.replacement_distribution('uniform', 6000, None,
+                                                                             S.ids),
+                          mode='token', span_p=0.2, span_max=10, specials=S)
   it = input_pipeline.train_batches(_packed_rows(50), masker, global_batch=8, seed=3,
                                     start_step=4, chunk_rows=16)
   digest = hashlib.sha256()

@@ -216,7 +216,7 @@ def test_bf16_train_step_runs_on_cpu(prepared):
   assert built.model_cfg.dtype == jnp.bfloat16
   state = built.init_state()
   assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(state.params))
-  masker = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts)
+  masker = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   batches = input_pipeline.train_batches(
       data.source('train'), masker, global_batch=config.train.batch_size, seed=0, start_step=0,
       process_index=0, process_count=1, prefetch=1, worker_count=0)

@@ -83,8 +83,7 @@ class _Oracle:
 
 def test_evaluation_scores_per_kind_of_slot(prepared):
   config, data = prepared
-  masker = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts,
-                               data.tokenizer.pieces())
+  masker = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   perfect = side_by_side.evaluate_hf(_Oracle(), data, masker, config.eval, 8)
   assert perfect['mlm_accuracy'] == 1.0
   assert perfect['mask_accuracy'] == perfect['random_accuracy'] == perfect['kept_accuracy'] == 1.0

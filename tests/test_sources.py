@@ -17,9 +17,9 @@ import tensorflow_datasets as tfds
 
 from mlm_jax import configuration as config_lib
 from mlm_jax.data import corpus
+from mlm_jax.data import line_sample
 from mlm_jax.data import packing
 from mlm_jax.data import prepare
-from mlm_jax.data import tokenizer as tok
 from tests.conftest import REPO
 from tests.conftest import micro_config
 from tests.conftest import write_config_file
@@ -40,7 +40,8 @@ def _rows(data: prepare.PreparedData, split: str) -> np.ndarray:
 
 def _in_rows(data: prepare.PreparedData, document: str) -> bool:
   """Whether a whole document's ids, with its [SEP], appear in the packed rows."""
-  ids = np.array(data.tokenizer.encode([document])[0] + [tok.SEP_ID], np.int32).tobytes()
+  ids = np.array(data.tokenizer.encode([document])[0] + [data.tokenizer.specials.sep],
+                 np.int32).tobytes()
   for split in ('train', 'validation'):
     stream = _rows(data, split)[:, 1:-1].tobytes()  # Row content without [CLS] and [SEP].
     at = stream.find(ids)
@@ -188,7 +189,7 @@ def test_a_corpus_with_nothing_usable_is_an_error_before_training(tmp_path):
 
 def test_tokenizer_trains_on_a_bounded_sample_of_lines(tmp_path):
   lines = [f'line {i}' for i in range(10_000)] + ['x' * 5000]
-  sample, info = tok.sample_lines(iter(lines), 100, seed=0)
+  sample, info = line_sample.sample_lines(iter(lines), 100, seed=0)
   # The long line is two sentences (5000 bytes > MAX_SENTENCE_BYTES), not dropped.
   assert {k: info[k] for k in ('lines_seen', 'lines_split', 'sentences_seen', 'sentences_sampled',
                                'capped_sentences')} == {
@@ -197,8 +198,8 @@ def test_tokenizer_trains_on_a_bounded_sample_of_lines(tmp_path):
   assert info['bytes_sampled'] + info['capped_bytes'] == info['bytes_seen']
   ids = [int(s.split()[1]) for s in sample if s.startswith('line ')]
   assert ids == sorted(ids) and 2000 < np.mean(ids) < 8000  # In order, spread over all.
-  assert tok.sample_lines(iter(lines), 100, seed=0)[0] == sample
-  assert tok.sample_lines(iter(lines[:50]), 100, seed=0)[0] == lines[:50]
+  assert line_sample.sample_lines(iter(lines), 100, seed=0)[0] == sample
+  assert line_sample.sample_lines(iter(lines[:50]), 100, seed=0)[0] == lines[:50]
   config = _config(str(tmp_path / '*.txt'), tmp_path / 'data')
   (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS))
   config.tokenizer.max_sentences = 500
@@ -209,7 +210,7 @@ def test_tokenizer_trains_on_a_bounded_sample_of_lines(tmp_path):
 def _prepare_in_subprocess(config_code: str, patch: str = '') -> subprocess.CompletedProcess:
   code = (f'import sys; sys.path.insert(0, {str(REPO)!r})\n'
           'import os, signal\n'
-          'from mlm_jax.data import corpus, packing, prepare, tokenizer\n'
+          'from mlm_jax.data import corpus, packing, prepare, sp_tokenizer\n'
           'from tests.conftest import micro_config\n'
           'corpus.UNIT_BYTES = 1  # One unit per file,\n'
           'corpus._cuts = lambda *args: []  # none cut into byte ranges.\n'
@@ -235,12 +236,12 @@ def test_interrupted_prepare_resumes_to_the_same_dataset_for_any_worker_count(
   # Run 1: SIGKILL in the middle of the 4th unit (its temporary dir half written).
   kill_in_unit_4 = (
       'calls = []\n'
-      'encode = tokenizer.Tokenizer.encode\n'
+      'encode = sp_tokenizer.SentencePieceTokenizer.encode_documents\n'
       'def dying_encode(self, *a, **k):\n'
       '  calls.append(1)\n'
       '  if len(calls) == 4: os.kill(os.getpid(), signal.SIGKILL)\n'
       '  return encode(self, *a, **k)\n'
-      'tokenizer.Tokenizer.encode = dying_encode\n')
+      'sp_tokenizer.SentencePieceTokenizer.encode_documents = dying_encode\n')
   run = _prepare_in_subprocess(config_code, kill_in_unit_4)
   assert run.returncode == -9, run.stderr
   partial = f'{data_dir}.partial'
@@ -294,6 +295,27 @@ def test_an_unfinished_prepare_of_other_settings_is_replaced_and_a_foreign_one_k
   with pytest.raises(prepare.DataDirError, match='not an unfinished mlm_jax prepare'):
     prepare.prepare(_config(str(tmp_path / 'a.txt'), tmp_path / 'other'))
   assert (foreign / 'mine.txt').read_text() == 'keep me'
+
+
+def test_an_unfinished_prepare_of_an_earlier_version_continues(tmp_path, monkeypatch):
+  # Earlier versions named stage 1's sampling report tokenizer.json.
+  (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS[:100]))
+  config = _config(str(tmp_path / 'a.txt'), tmp_path / 'data')
+
+  def stop(*args):
+    raise KeyboardInterrupt
+
+  with monkeypatch.context() as m:
+    m.setattr(packing, 'tokenize_unit', stop)
+    with pytest.raises(KeyboardInterrupt):
+      prepare.prepare(config)
+  partial = tmp_path / 'data.partial'
+  info = json.loads((partial / 'tokenizer_sample.json').read_text())
+  (partial / 'tokenizer_sample.json').rename(partial / 'tokenizer.json')
+  data = prepare.prepare(config)
+  assert data.report['tokenizer'] == info and info['trained']
+  assert not {'tokenizer.json', 'tokenizer_sample.json'} & set(os.listdir(data.data_dir))
+  _assert_same_data(data, prepare.prepare(_config(str(tmp_path / 'a.txt'), tmp_path / 'clean')))
 
 
 class ShortTexts(tfds.core.GeneratorBasedBuilder):

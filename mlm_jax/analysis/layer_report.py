@@ -66,8 +66,7 @@ def layer_report(workdir: str, *, max_batches: int | None = None,
         'prepare it again with the run\'s config (python -m mlm_jax.train does).')
   data = prepare_lib.load(data_dir)
   tokenizer = data.tokenizer
-  masker = masking.make_masker(config.masking, tokenizer.vocab_size, data.unigram_counts,
-                               tokenizer.pieces())
+  masker = masking.make_masker(config.masking, tokenizer, data.unigram_counts)
   source = data.source('validation')
   # The batch size the run evaluated with: the masks depend on it.
   global_batch = input_pipeline.eval_batch_size(

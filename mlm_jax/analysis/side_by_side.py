@@ -133,15 +133,22 @@ def _cached(path: str, config: ml_collections.ConfigDict,
 def train_hf(config: ml_collections.ConfigDict,
              log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
   """Hugging Face's model of config.model.variant, trained and evaluated as ours is."""
+  return train_hf_model(config, log)[1]
+
+
+def train_hf_model(config: ml_collections.ConfigDict, log: Callable[[str], None] = lambda s: None
+                   ) -> tuple[torch_mlm.TorchMLM, dict[str, Any]]:
+  """(the trained model, train_hf's figures): the model also saves itself in the hub's layout."""
   start = time.perf_counter()
   config = configuration.resolve(config, num_devices=jax.device_count())
   data = prepare.prepare(config)
-  masker = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts,
-                               data.tokenizer.pieces())
+  masker = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   mesh = sharding.make_mesh(config.mesh.fsdp)
   # Our model's shape and compute dtype, as the trainer resolves them; nothing is allocated.
-  model_cfg = build_lib.build(config, data.tokenizer.vocab_size, mesh).model_cfg
-  model = torch_mlm.TorchMLM(config, model_cfg, use_gpu=jax.default_backend() == 'gpu')
+  vocab_size = configuration.model_vocab_size(config, data.tokenizer.vocab_size)
+  model_cfg = build_lib.build(config, vocab_size, mesh).model_cfg
+  model = torch_mlm.TorchMLM(config, model_cfg, specials=data.tokenizer.specials,
+                             use_gpu=jax.default_backend() == 'gpu')
   train = config.train
   # Step s (from 1) trains with schedule(s - 1), as optax counts.
   lrs = np.asarray(step_lib.learning_rate_schedule(train)(np.arange(train.num_steps)))
@@ -157,7 +164,7 @@ def train_hf(config: ml_collections.ConfigDict,
     batches.close()
   figures = evaluate_hf(model, data, masker, config.eval, mesh.size)
   figures['wall_time_s'] = time.perf_counter() - start
-  return figures
+  return model, figures
 
 
 def evaluate_hf(model: torch_mlm.TorchMLM, data: prepare.PreparedData, masker: masking.Masker,

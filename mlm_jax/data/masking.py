@@ -1,15 +1,19 @@
 """BERT masking on the host, in numpy: a fresh mask for every row every step.
 
 Per row, exactly k = min(P, max(1, round(rate * n))) of its n maskable tokens
-are selected ([CLS], [SEP] and [PAD] never are). Which ones depends on the mode:
+are selected ([CLS], [SEP] and [PAD] never are, by the tokenizer's ids:
+`Specials.never_masked`). Which ones depends on the mode:
 
   token       k tokens uniformly at random (BERT).
   whole_word  whole words in random order, a word being a piece that starts
-              with sentencepiece's '▁' plus the pieces that continue it; a
-              word that would overshoot the budget is skipped (as in BERT's
-              and Hugging Face's whole-word masking), so k is exact whenever
-              some unselected word still fits: 99.3% of the default corpus's
-              rows with configs/tiny.py (1000 pieces), 99.9% with 12k pieces.
+              one (the tokenizer's word_start_mask(): sentencepiece's '▁',
+              byte-level BPE's 'Ġ', any WordPiece piece but a '##' one), or
+              any piece right after [CLS], [SEP] or [PAD], plus the pieces
+              that continue it; a word that would overshoot the budget is
+              skipped (as in BERT's and Hugging Face's whole-word masking),
+              so k is exact whenever some unselected word still fits: 99.3%
+              of the default corpus's rows with configs/tiny.py (1000
+              pieces), 99.9% with 12k pieces.
               Other rows get fewer, never a split word.
   span        contiguous spans (SpanBERT) with lengths ~ Geometric(p) clipped
               at a maximum, until exactly k tokens are covered (the last span
@@ -20,7 +24,8 @@ are selected ([CLS], [SEP] and [PAD] never are). Which ones depends on the mode:
 
 Of the selected tokens, `mask_prob` become [MASK], `random_prob` a random
 token drawn from the corpus's unigram distribution (or uniformly from the
-normal vocabulary), and the rest stay unchanged. Special tokens are never drawn.
+normal vocabulary), and the rest stay unchanged. Special tokens (every id
+the tokenizer marks special) are never drawn.
 
 Randomness is a counter-based hash of (seed, step, global row index, position)
 rather than a stateful generator, so that a row's mask does not depend on
@@ -49,8 +54,6 @@ RANDOM_SOURCES = ('unigram', 'uniform')
 # Independent streams of the hash: one per random decision. Other modules
 # that draw from `uniform` (e.g. the sentence-pair builder) use streams >= 100.
 _SELECT, _ACTION, _TOKEN, _SPAN_LENGTH, _SPAN_PLACE = 1, 2, 3, 4, 5
-_NEVER_SELECTED = (tok_lib.PAD_ID, tok_lib.CLS_ID, tok_lib.SEP_ID)
-_WORD_START = '\u2581'
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -84,9 +87,10 @@ def uniform(seed: int, step: int | np.ndarray, rows: np.ndarray, width: int, str
   return bits.astype(np.float64) * (1.0 / (1 << 53))
 
 
-def replacement_distribution(source: str, vocab_size: int,
-                             unigram_counts: np.ndarray | None) -> np.ndarray:
-  """[vocab] float64 probabilities of random replacement tokens."""
+def replacement_distribution(source: str, vocab_size: int, unigram_counts: np.ndarray | None,
+                             special_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+  """[vocab] float64 probabilities of random replacement tokens; zero on every `special_ids`
+  (a tokenizer's special_ids())."""
   if source == 'unigram':
     if unigram_counts is None:
       raise ValueError("random_source='unigram' needs the corpus's unigram counts")
@@ -95,15 +99,11 @@ def replacement_distribution(source: str, vocab_size: int,
     weights = np.ones(vocab_size, np.float64)
   else:
     one_of('masking', 'random_source', source, RANDOM_SOURCES)
-  weights[list(tok_lib.SPECIAL_IDS)] = 0.0
+  special = np.asarray(special_ids, np.int64)
+  weights[special[(special >= 0) & (special < vocab_size)]] = 0.0
   if weights.sum() <= 0:
     raise ValueError('no normal token has a positive count to draw replacements from')
   return weights / weights.sum()
-
-
-def word_starts(pieces: Sequence[str]) -> np.ndarray:
-  """[vocab] bool: pieces that begin a word (sentencepiece's '▁' prefix)."""
-  return np.array([p.startswith(_WORD_START) for p in pieces], bool)
 
 
 def _to_slots(selected: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
@@ -129,14 +129,19 @@ class Masker:
   # Span mode: lengths ~ Geometric(span_p) on {1, 2, ...}, clipped at span_max.
   span_p: float
   span_max: int
-  # Whole-word mode: [vocab] bool, True where a piece starts a word.
+  # The tokenizer's special ids: [PAD], [CLS], [SEP] are never selected, [MASK]
+  # replaces, [PAD] is what attention ignores.
+  specials: tok_lib.Specials
+  # Whole-word mode: [vocab] bool, True where a piece starts a word
+  # (tokenizer.word_start_mask()).
   word_start: np.ndarray | None = None
 
   def __post_init__(self):
     one_of('masking', 'mode', self.mode, MODES)
     if self.mode == 'whole_word' and self.word_start is None:
-      raise ValueError("config.masking.mode='whole_word' needs the tokenizer's pieces "
-                       '(make_masker(..., pieces=[tokenizer.id_to_piece(i) ...]))')
+      raise ValueError("config.masking.mode='whole_word' needs the tokenizer's word starts "
+                       '(make_masker(config.masking, tokenizer, counts), or '
+                       'word_start=tokenizer.word_start_mask())')
     object.__setattr__(self, '_cdf', np.cumsum(self.replacement_probs))
 
   def num_selected(self, num_maskable: np.ndarray) -> np.ndarray:
@@ -152,8 +157,8 @@ class Masker:
     `step` is the step of all rows, or [b] steps (several steps masked in one call).
     """
     b, t = input_ids.shape
-    maskable = ((input_ids != tok_lib.PAD_ID) & (input_ids != tok_lib.CLS_ID)
-                & (input_ids != tok_lib.SEP_ID))
+    pad, cls, sep = self.specials.never_masked
+    maskable = (input_ids != pad) & (input_ids != cls) & (input_ids != sep)
     k = self.num_selected(maskable.sum(axis=1))
     select = {'token': self._select_tokens, 'whole_word': self._select_words,
               'span': self._select_spans}[self.mode]
@@ -170,7 +175,7 @@ class Masker:
     random_ids = np.searchsorted(self._cdf, draw * self._cdf[-1], side='right')
     random_ids = np.minimum(random_ids, len(self._cdf) - 1)
 
-    new_values = np.where(to_mask, tok_lib.MASK_ID, np.where(to_random, random_ids, targets))
+    new_values = np.where(to_mask, self.specials.mask, np.where(to_random, random_ids, targets))
     kinds = np.where(to_mask, 1, np.where(to_random, 2, np.where(valid, 3, 0)))
     masked_input = input_ids.copy()
     sel_rows, sel_slots = np.nonzero(valid)
@@ -178,7 +183,7 @@ class Masker:
 
     return {
         'input_ids': masked_input.astype(np.int32),                        # [b, T]
-        'attention_mask': (input_ids != tok_lib.PAD_ID).astype(np.int32),  # [b, T]
+        'attention_mask': (input_ids != pad).astype(np.int32),             # [b, T]
         'segment_ids': np.zeros((b, t), np.int32),                         # [b, T]
         'masked_positions': positions.astype(np.int32),                    # [b, P]
         'masked_ids': targets.astype(np.int32),                            # [b, P]
@@ -202,7 +207,8 @@ class Masker:
   def _select_words(self, input_ids, maskable, k, *, seed, step, rows):
     """Whole words in a random order, skipping those that would overshoot k."""
     b, t = input_ids.shape
-    # A word starts at a '▁' piece or after a token that cannot be masked.
+    # A word starts at a word-start piece or after a token that cannot be masked
+    # (a document's first piece has no word-start mark in byte-level BPE).
     after_special = np.ones_like(maskable)
     after_special[:, 1:] = ~maskable[:, :-1]
     starts = maskable & (self.word_start[input_ids] | after_special)
@@ -273,21 +279,42 @@ class Masker:
     return np.where(valid, positions, 0), valid
 
 
-def make_masker(masking_config, vocab_size: int, unigram_counts: np.ndarray | None,
-                pieces: Sequence[str] | None = None) -> Masker:
-  """A Masker from `config.masking`; whole-word mode needs the tokenizer's pieces by id."""
-  mode = masking_config.mode
+def make_masker(masking_config: ml_collections.ConfigDict, tokenizer: tok_lib.Tokenizer,
+                unigram_counts: np.ndarray | None) -> Masker:
+  """A Masker from `config.masking` for rows of `tokenizer`'s ids.
+
+  Its special ids, the ids never drawn as replacements (tokenizer.special_ids())
+  and, in whole-word mode, its word starts come from the tokenizer.
+  """
+  whole_word = masking_config.mode == 'whole_word'
+  return make_masker_for_ids(
+      masking_config, tokenizer.vocab_size, unigram_counts, tokenizer.specials,
+      special_ids=tokenizer.special_ids(),
+      word_start=tokenizer.word_start_mask() if whole_word else None)
+
+
+def make_masker_for_ids(masking_config: ml_collections.ConfigDict, vocab_size: int,
+                        unigram_counts: np.ndarray | None, specials: tok_lib.Specials, *,
+                        special_ids: Sequence[int] | np.ndarray | None = None,
+                        word_start: np.ndarray | None = None) -> Masker:
+  """A Masker from `config.masking` without a tokenizer (synthetic ids, benchmarks).
+
+  `special_ids`: ids never drawn as replacements (default: the roles' ids,
+  specials.ids); `word_start`: [vocab] bool, needed in whole-word mode.
+  """
   return Masker(
       max_predictions=masking_config.max_predictions,
       select_rate=masking_config.select_rate,
       mask_prob=masking_config.mask_prob,
       random_prob=masking_config.random_prob,
       replacement_probs=replacement_distribution(
-          masking_config.random_source, vocab_size, unigram_counts),
-      mode=mode,
+          masking_config.random_source, vocab_size, unigram_counts,
+          specials.ids if special_ids is None else special_ids),
+      mode=masking_config.mode,
       span_p=masking_config.span_p,
       span_max=masking_config.span_max_length,
-      word_start=word_starts(pieces) if pieces is not None and mode == 'whole_word' else None)
+      specials=specials,
+      word_start=None if word_start is None else np.asarray(word_start, bool))
 
 
 def check_config(m: ml_collections.ConfigDict, seq_len: int) -> None:

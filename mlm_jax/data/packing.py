@@ -38,9 +38,10 @@ from array_record.python import array_record_module
 from tensorflow_datasets.proto import tf_example_pb2
 
 from mlm_jax.data import corpus as corpus_lib
+from mlm_jax.data import line_sample
 from mlm_jax.data import tokenizer as tok_lib
 
-# Texts per sentencepiece encode call.
+# Texts per tokenizer encode call.
 _DOCS_PER_CHUNK = 2000
 ROWS_NAME, ROWS_VERSION = 'mlm_rows', '1.0.0'
 FILENAME_TEMPLATE = '{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}'
@@ -58,17 +59,19 @@ def is_validation(text: str, fraction: float, seed: int) -> bool:
 _WORKER: dict = {}
 
 
-def init_worker(reader: corpus_lib.Corpus, model_path: str, val_fraction: float,
-                 split_seed: int, seq_len: int, all_threads: bool) -> None:
+def init_worker(reader: corpus_lib.Corpus, tokenizer_path: str, val_fraction: float,
+                split_seed: int, seq_len: int, all_threads: bool) -> None:
+  """`tokenizer_path`: the tokenizer that stage 1 writes (DATA_DIR/tokenizer.model or
+  DATA_DIR/tokenizer/), read with tokenizer.load when a task first needs it."""
   _WORKER.clear()
-  _WORKER.update(reader=reader, model_path=model_path, val=(val_fraction, split_seed),
+  _WORKER.update(reader=reader, tokenizer_path=tokenizer_path, val=(val_fraction, split_seed),
                  seq_len=seq_len, threads=0 if all_threads else 1)
 
 
 def _tokenizer() -> tok_lib.Tokenizer:
-  """The trained tokenizer, loaded on first use (the pool starts before it is trained)."""
+  """The data dir's tokenizer, loaded on first use (the pool starts before it is trained)."""
   if 'tokenizer' not in _WORKER:
-    _WORKER['tokenizer'] = tok_lib.Tokenizer(_WORKER['model_path'])
+    _WORKER['tokenizer'] = tok_lib.load(_WORKER['tokenizer_path'])
   return _WORKER['tokenizer']
 
 
@@ -96,14 +99,14 @@ def train_lines(unit: corpus_lib.Unit, tally: corpus_lib.Tally,
 
 
 def sample_unit(index: int, unit: corpus_lib.Unit, max_lines: int, seed: int,
-                below: int) -> tuple[tok_lib.LineSample, int, dict]:
+                below: int) -> tuple[line_sample.LineSample, int, dict]:
   """Stage 1 in a worker: (the unit's share of the tokenizer sample, documents, tally).
 
-  Only sentences with keys below `below` come back (see tokenizer.merge_samples).
+  Only sentences with keys below `below` come back (see line_sample.merge_samples).
   """
   tally, documents = corpus_lib.Tally(), [0]
-  sample = tok_lib.sample_part(train_lines(unit, tally, documents), max_lines, seed,
-                               part=index, below=below)
+  sample = line_sample.sample_part(train_lines(unit, tally, documents), max_lines, seed,
+                                   part=index, below=below)
   return sample, documents[0], tally.to_json()
 
 
@@ -267,7 +270,9 @@ def tokenize_unit(index: int, unit: corpus_lib.Unit, units_dir: str) -> None:
   with open(os.path.join(tmp, 'ids.bin'), 'wb') as f:
 
     def flush():
-      for doc, ids in zip(owners, tokenizer.encode(texts, num_threads=_WORKER['threads'])):
+      # Corpus text: a special token's spelling in it is plain text.
+      encoded = tokenizer.encode_documents(texts, num_threads=_WORKER['threads'])
+      for doc, ids in zip(owners, encoded):
         lengths[doc] += len(ids)
         f.write(np.asarray(ids, np.int32).tobytes())
       texts.clear()
@@ -313,7 +318,7 @@ def split_stats(stream: list[tuple[str, int, int, int]], seq_len: int) -> dict:
           'rows': rows, 'padding_fraction': padding / total if total else 0.0}
 
 
-def unit_stream(unit_dir: str, validation: bool, lo: int, hi: int) -> np.ndarray:
+def unit_stream(unit_dir: str, validation: bool, lo: int, hi: int, sep_id: int) -> np.ndarray:
   """[hi - lo] int32: positions [lo, hi) of the unit's `doc [SEP] doc [SEP] ...` for a split."""
   docs = np.load(os.path.join(unit_dir, 'docs.npz'))
   lengths = docs['lengths']
@@ -331,7 +336,7 @@ def unit_stream(unit_dir: str, validation: bool, lo: int, hi: int) -> np.ndarray
   seps = ends - 1 - base
   pos[seps] = 0  # Any valid index; overwritten below.
   out = np.asarray(np.memmap(os.path.join(unit_dir, 'ids.bin'), np.int32, 'r')[pos])
-  out[seps] = tok_lib.SEP_ID
+  out[seps] = sep_id
   return out[lo - base:hi - base]
 
 
@@ -340,6 +345,8 @@ def write_shard(split: str, k: int, num_shards: int, r0: int, r1: int,
                  tmp_dir: str, counts_dir: str) -> None:
   """Writes rows [r0, r1) of a split as shard k, in both layouts (and, for train, its counts)."""
   seq_len = _WORKER['seq_len']
+  tokenizer = _tokenizer()
+  specials = tokenizer.specials
   content = seq_len - 2
   length = sum(n for _, n, _, _ in stream)
   a, b = r0 * content, min(r1 * content, length)
@@ -347,23 +354,23 @@ def write_shard(split: str, k: int, num_shards: int, r0: int, r1: int,
   for unit_dir, n, _, _ in stream:
     lo, hi = max(a, offset) - offset, min(b, offset + n) - offset
     if lo < hi:
-      parts.append(unit_stream(unit_dir, split == 'validation', lo, hi))
+      parts.append(unit_stream(unit_dir, split == 'validation', lo, hi, specials.sep))
     offset += n
-  flat = np.full((r1 - r0) * content, tok_lib.PAD_ID, np.int32)
+  flat = np.full((r1 - r0) * content, specials.pad, np.int32)
   flat[:b - a] = np.concatenate(parts)
   if length % content and a <= length - 1 < b:
-    flat[length - 1 - a] = tok_lib.PAD_ID  # The last document's [SEP] is the row's own.
+    flat[length - 1 - a] = specials.pad  # The last document's [SEP] is the row's own.
   body = flat.reshape(-1, content)
-  rows = np.concatenate([np.full((len(body), 1), tok_lib.CLS_ID, np.int32), body,
-                         np.full((len(body), 1), tok_lib.SEP_ID, np.int32)], axis=1)
+  rows = np.concatenate([np.full((len(body), 1), specials.cls, np.int32), body,
+                         np.full((len(body), 1), specials.sep, np.int32)], axis=1)
   if split == 'train':
-    counts = np.bincount(body.ravel(), minlength=_tokenizer().vocab_size)
-    counts[[tok_lib.PAD_ID, tok_lib.SEP_ID]] = 0  # Documents never hold either.
+    counts = np.bincount(body.ravel(), minlength=tokenizer.vocab_size)
+    counts[[specials.pad, specials.sep]] = 0  # Documents never hold either.
     tmp = os.path.join(tmp_dir, f'counts-{k:05d}.npy')
     np.save(tmp, counts.astype(np.int64))
     os.replace(tmp, os.path.join(counts_dir, f'train-{k:05d}.npy'))
   tmp = os.path.join(tmp_dir, f'{split}-{k:05d}-{os.getpid()}.npy')
-  np.save(tmp, rows.astype(dense_dtype(_tokenizer().vocab_size)))
+  np.save(tmp, rows.astype(dense_dtype(tokenizer.vocab_size)))
   os.replace(tmp, dense_path(dense_dir, split, k, num_shards))
   tmp = os.path.join(tmp_dir, f'{split}-{k:05d}-{os.getpid()}')
   # One record per chunk, as tfds writes them, but not compressed: a row of

@@ -42,7 +42,8 @@ CHUNK_ROWS = 1024
 
 
 class RowReader:
-  """Reads rows by index: `reader(indices: [n]) -> input_ids [n, T] int32`; index -1: [PAD]s.
+  """Reads rows by index: `reader(indices: [n]) -> input_ids [n, T] int32`; index -1: a row of
+  `pad_id` (the tokenizer's [PAD]).
 
   The prepared .npy shards (packing.DenseRows) are read as arrays. A tfds
   array_record source of the same layout (data prepared before those shards
@@ -51,8 +52,9 @@ class RowReader:
   (anything with `source[i]['input_ids']`) is read row by row.
   """
 
-  def __init__(self, source: Any):
+  def __init__(self, source: Any, pad_id: int):
     self.source = source
+    self.pad_id = pad_id
     first = np.asarray(source[0]['input_ids'], np.int32)
     self.seq_len = len(first)
     self._dense = source if isinstance(source, packing.DenseRows) else None
@@ -79,7 +81,7 @@ class RowReader:
 
   def __call__(self, indices: np.ndarray) -> np.ndarray:
     indices = np.asarray(indices)
-    out = np.zeros((len(indices), self.seq_len), np.int32)
+    out = np.full((len(indices), self.seq_len), self.pad_id, np.int32)
     real = indices >= 0
     if not real.any():
       return out
@@ -115,9 +117,10 @@ class BatchBuilder:
     input_ids = self.reader(indices)
     if self.sentence_pair == 'none':
       return self.masker(input_ids, seed=self.seed, step=step, rows=rows)
-    pairs = sentence_pairs.build(input_ids, task=self.sentence_pair, seed=self.seed, step=step,
-                           rows=rows, read_other=self.reader, own_indices=indices,
-                           num_source_rows=len(self.reader))
+    pairs = sentence_pairs.build(input_ids, task=self.sentence_pair,
+                                 specials=self.masker.specials, seed=self.seed, step=step,
+                                 rows=rows, read_other=self.reader, own_indices=indices,
+                                 num_source_rows=len(self.reader))
     batch = self.masker(pairs['input_ids'], seed=self.seed, step=step, rows=rows)
     batch['segment_ids'] = pairs['segment_ids']
     batch['sentence_pair_labels'] = pairs['sentence_pair_labels']
@@ -167,7 +170,7 @@ def train_batches(source: Any, masker: masking.Masker, *, global_batch: int, see
   if global_batch % process_count:
     raise ValueError(f'global batch {global_batch} does not divide over {process_count} processes')
   local = global_batch // process_count
-  builder = BatchBuilder(RowReader(source), masker, seed, sentence_pair)
+  builder = BatchBuilder(RowReader(source, masker.specials.pad), masker, seed, sentence_pair)
   steps_per_chunk = max(1, chunk_rows // local)
 
   def build(c: int) -> dict[str, np.ndarray]:
@@ -204,11 +207,11 @@ def eval_batches(source: Any, masker: masking.Masker, *, global_batch: int, mask
                  sentence_pair: str = 'none') -> Iterator[dict[str, np.ndarray]]:
   """The validation split in order, with fixed masks; the last batch is padded.
 
-  Padding rows are all [PAD]: they have no maskable token, so their
+  Padding rows are all [PAD] (the masker's): they have no maskable token, so their
   masked_weights (and sentence_pair_weights) are 0 and they change no metric.
   """
   local = global_batch // process_count
-  builder = BatchBuilder(RowReader(source), masker, mask_seed, sentence_pair)
+  builder = BatchBuilder(RowReader(source, masker.specials.pad), masker, mask_seed, sentence_pair)
   n = len(source)
   num_batches = -(-n // global_batch)
   if max_batches:

@@ -1,13 +1,15 @@
 """Prepare: text -> tokenizer -> packed [CLS] ... [SEP] rows + unigram counts.
 
-Runs once per (corpus, tokenizer settings, T): the result is a tfds dataset in
-array_record format under the data dir, with the sentencepiece model, the
-token counts and a report beside it:
+Runs once per (corpus, tokenizer, T): the result is a tfds dataset in
+array_record format under the data dir, with the tokenizer, the token counts
+and a report beside it:
 
   DATA_DIR/fingerprint.json    what the data was made from (checked on reuse)
-  DATA_DIR/tokenizer.model     sentencepiece model
+  DATA_DIR/tokenizer.model     a sentencepiece tokenizer, or
+  DATA_DIR/tokenizer/          a Hugging Face one (tokenizer.json, tokenizer_config.json, ...)
+  DATA_DIR/added_tokens.json   with config.tokenizer.add_tokens: each added id's pieces before
   DATA_DIR/unigram_counts.npy  [vocab] int64 token counts of the train split
-  DATA_DIR/stats.json          documents, tokens, rows, padding per split
+  DATA_DIR/stats.json          documents, tokens, rows, padding per split (train: [UNK] rate)
   DATA_DIR/report.json         stats + inputs skipped or repaired, tokenizer sample, work
   DATA_DIR/tfds/mlm_rows/1.0.0 the rows: {'input_ids': int32[T]}
   DATA_DIR/rows/               the same rows as .npy arrays, one per shard (read
@@ -21,10 +23,12 @@ split, so no held-out text is seen in training.
 Three stages, in DATA_DIR.partial, renamed to DATA_DIR when all are done,
 each spread over `config.data.num_workers` processes by units of the corpus
 (a group of files, a byte range of a big file, a range of tfds records):
-  1. tokenizer: one pass over the training documents, each unit sampling its
-     lines by random keys; the at most config.tokenizer.max_sentences lines
-     with the smallest keys over all units train sentencepiece (lines too
-     long for it are cut into pieces first). Its training keeps about one
+  1. tokenizer: the given one (config.tokenizer.model_file, with
+     config.tokenizer.add_tokens added), or one trained: one pass over the
+     training documents, each unit sampling its lines by random keys; the at
+     most config.tokenizer.max_sentences lines with the smallest keys over
+     all units train a tokenizer of config.tokenizer.kind (lines too long for
+     sentencepiece are cut into pieces first). Its training keeps about one
      core busy; meanwhile the other workers read stage 2's units ahead.
   2. tokenize: each unit becomes units/NNNNNN/ (ids of its documents and
      their lengths and splits).
@@ -57,9 +61,13 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
+from mlm_jax.config_check import ConfigError
 from mlm_jax.config_check import require
 from mlm_jax.data import corpus as corpus_lib
+from mlm_jax.data import hf_tokenizer
+from mlm_jax.data import line_sample
 from mlm_jax.data import packing
+from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.runtime import cores
 
@@ -69,6 +77,16 @@ SHARD_BYTES = 64 << 20
 _SPLITS = ('train', 'validation')
 # Units read ahead while the tokenizer trains (_units_to_read).
 _READ_AHEAD_UNITS = 128
+# Where a data dir keeps its tokenizer: a sentencepiece model, or a Hugging
+# Face tokenizer's directory (tokenizer.load reads either from the data dir).
+_SP_TOKENIZER, _HF_TOKENIZER = sp_tokenizer.FILE_NAME, 'tokenizer'
+# What stage 1 sampled, kept until the report holds it. Named tokenizer.json
+# by earlier versions, which an unfinished prepare of theirs may still hold.
+_SAMPLE_INFO, _OLD_SAMPLE_INFO = 'tokenizer_sample.json', 'tokenizer.json'
+# {"spelled": {new id: [the ids that spelled the word before]}, "base_vocab_size": n}.
+ADDED_TOKENS = 'added_tokens.json'
+# A train split with more [UNK] than this is reported with a warning.
+MAX_UNKNOWN_RATE = 0.01
 
 
 class DataDirError(ValueError):
@@ -96,10 +114,27 @@ class PreparedData:
       return json.load(f)
 
   def most_frequent_token(self) -> int:
-    """The train split's most frequent normal (non-special) token id."""
+    """The train split's most frequent normal token id (none of the tokenizer's special ids)."""
     counts = self.unigram_counts.astype(np.float64).copy()
-    counts[list(tok_lib.SPECIAL_IDS)] = 0
+    special = self.tokenizer.special_ids()
+    counts[special[special < len(counts)]] = 0
     return int(np.argmax(counts))
+
+  def unknown_rate(self) -> float:
+    """The fraction of the train split's tokens that are the tokenizer's unknown token."""
+    return _unknown_rate(self.unigram_counts, self.tokenizer, warn=False)
+
+  def added_tokens(self) -> dict[int, list[int]]:
+    """{added id: the ids that spelled its word before} (config.tokenizer.add_tokens), else {}.
+
+    The model side starts each added id's embedding from its pieces' rows.
+    """
+    path = os.path.join(self.data_dir, ADDED_TOKENS)
+    if not os.path.exists(path):
+      return {}
+    with open(path) as f:
+      spelled = json.load(f)['spelled']
+    return {int(i): [int(p) for p in pieces] for i, pieces in spelled.items()}
 
   def source(self, split: str):
     """A random-access source of {'input_ids': int32[T]} rows: the .npy shards.
@@ -125,12 +160,7 @@ def _rows_dir(data_dir: str) -> str:
 def fingerprint(data: ml_collections.ConfigDict, tok: ml_collections.ConfigDict,
                 corpus: corpus_lib.Corpus | None = None) -> dict:
   """Everything the prepared data depends on (not num_workers: the rows do not)."""
-  if tok.model_file:
-    tokenizer = {'model_file_sha256': _file_digest(os.path.expanduser(tok.model_file))}
-  else:
-    tokenizer = {'vocab_size': tok.vocab_size, 'model_type': tok.model_type,
-                 'character_coverage': tok.character_coverage,
-                 'max_sentences': tok.max_sentences}
+  tokenizer = tokenizer_fingerprint(tok)
   corpus = corpus or corpus_lib.resolve(data)
   return {
       'format': FORMAT_VERSION,
@@ -142,6 +172,44 @@ def fingerprint(data: ml_collections.ConfigDict, tok: ml_collections.ConfigDict,
       'split_seed': data.split_seed,
       'tokenizer': tokenizer,
   }
+
+
+def tokenizer_fingerprint(tok: ml_collections.ConfigDict) -> dict:
+  """What the data dir's tokenizer is made from: a given tokenizer's content (and the words
+  added to it), or the settings a trained one comes from.
+
+  The default sentencepiece tokenizer's entries are those of earlier versions,
+  so that their data dirs (and the cache keys naming them) stay valid. A given
+  tokenizer that cannot take config.tokenizer.add_tokens is a ConfigError.
+  """
+  if tok.model_file:
+    given = _given_tokenizer(tok)
+    if isinstance(given, sp_tokenizer.SentencePieceTokenizer):
+      out = {'model_file_sha256': given.digest()}  # The .model file's sha256, as before.
+    else:
+      out = {'tokenizer_sha256': given.digest()}
+    if tok.add_tokens:
+      out['add_tokens_sha256'] = _file_digest(os.path.expanduser(tok.add_tokens))
+    return out
+  if tok.kind == 'sentencepiece':
+    return {'vocab_size': tok.vocab_size, 'model_type': tok.model_type,
+            'character_coverage': tok.character_coverage, 'max_sentences': tok.max_sentences}
+  return {'kind': tok.kind, 'vocab_size': tok.vocab_size, 'lowercase': tok.lowercase,
+          'max_sentences': tok.max_sentences}
+
+
+def _given_tokenizer(tok: ml_collections.ConfigDict) -> tok_lib.Tokenizer:
+  """config.tokenizer.model_file, loaded; ConfigError if it cannot be, or cannot take the words
+  of config.tokenizer.add_tokens."""
+  try:
+    given = tok_lib.load(tok.model_file)
+  except ValueError as e:
+    raise ConfigError(f'config.tokenizer.model_file={tok.model_file!r}: {e}') from e
+  require(not tok.add_tokens or isinstance(given, hf_tokenizer.HFTokenizer),
+          f'config.tokenizer.add_tokens={tok.add_tokens!r}: the {given.kind} tokenizer '
+          f'{tok.model_file} cannot take added tokens (only a Hugging Face tokenizer.json or '
+          'vocab.txt can); leave add_tokens empty.')
+  return given
 
 
 def _file_digest(path: str) -> str:
@@ -163,12 +231,34 @@ def resolve_data_dir(config: ml_collections.ConfigDict,
   return os.path.abspath(os.path.expanduser(data_dir)), fp
 
 
+def _stored_tokenizer(directory: str) -> str | None:
+  """The tokenizer stage 1 left in `directory` (tokenizer.model or tokenizer/), or None."""
+  for name in (_SP_TOKENIZER, _HF_TOKENIZER):
+    path = os.path.join(directory, name)
+    if os.path.exists(path):
+      return path
+  return None
+
+
+def _tokenizer_path(directory: str, tok: ml_collections.ConfigDict) -> str:
+  """Where stage 1 puts the tokenizer of config.tokenizer `tok` in `directory`."""
+  if tok.model_file:
+    sentencepiece = isinstance(_given_tokenizer(tok), sp_tokenizer.SentencePieceTokenizer)
+  else:
+    sentencepiece = tok.kind == 'sentencepiece'
+  return os.path.join(directory, _SP_TOKENIZER if sentencepiece else _HF_TOKENIZER)
+
+
 def load(data_dir: str) -> PreparedData:
   with open(os.path.join(data_dir, 'stats.json')) as f:
     stats = json.load(f)
+  stored = _stored_tokenizer(data_dir)
+  if stored is None:
+    raise DataDirError(f'{data_dir} holds no tokenizer (tokenizer.model or tokenizer/): delete '
+                       'it and prepare again.')
   return PreparedData(
       data_dir=data_dir,
-      tokenizer=tok_lib.Tokenizer(os.path.join(data_dir, 'tokenizer.model')),
+      tokenizer=tok_lib.load(stored),
       unigram_counts=np.load(os.path.join(data_dir, 'unigram_counts.npy')),
       stats=stats)
 
@@ -266,8 +356,9 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Co
   # workers would have had: spawning would cost more than it saves.
   requested = data.num_workers or cores.usable_cores()
   workers = min(requested, max(1, len(corpus.units)))
+  # The workers load the tokenizer from there once stage 1 has put it there.
   init_args = (dataclasses.replace(corpus, units=[], tally=corpus_lib.Tally()),
-               os.path.join(out, 'tokenizer.model'), data.val_fraction, data.split_seed,
+               _tokenizer_path(out, config.tokenizer), data.val_fraction, data.split_seed,
                data.seq_len, workers == 1 and requested > 1 and beam_options is None)
   if beam_options is None:
     pool = packing.Pool(workers, init_args)
@@ -280,8 +371,9 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Co
     seconds['tokenize'] = time.perf_counter() - start - sum(seconds.values())
     tally, streams, stats = _read_units(out, corpus, data.seq_len)
     shard_lengths, shards_todo = _write_rows(out, pool, streams, stats, data.seq_len)  # 3.
-  counts = _finish_rows(out, shard_lengths, tokenizer.vocab_size, data.seq_len)
+  counts = _finish_rows(out, shard_lengths, tokenizer, data.seq_len)
   seconds['write'] = time.perf_counter() - start - sum(seconds.values())
+  stats['train']['unknown_rate'] = _unknown_rate(counts, tokenizer)
   num_shards = sum(len(v) for v in shard_lengths.values())
   report = {
       'corpus': corpus.name,
@@ -381,11 +473,27 @@ def _write_rows(out: str, pool: packing.Pool, streams: dict, stats: dict,
   return shard_lengths, len(tasks)
 
 
-def _finish_rows(out: str, shard_lengths: dict[str, list[int]], vocab_size: int,
+def _unknown_rate(counts: np.ndarray, tokenizer: tok_lib.Tokenizer, warn: bool = True) -> float:
+  """The fraction of [UNK] among the train split's tokens (`counts`); if `warn`, a warning
+  above MAX_UNKNOWN_RATE."""
+  unk = tokenizer.specials.unk
+  rate = float(counts[unk]) / max(int(counts.sum()), 1) if unk < len(counts) else 0.0
+  if warn and rate > MAX_UNKNOWN_RATE:
+    logging.warning(
+        '%.2f%% of the train split\'s tokens are the unknown token %s: the %s tokenizer cannot '
+        'spell much of this corpus (a language or script it was not made for?), and what those '
+        'tokens stood for is lost to the model. Use a tokenizer made for this text, or one that '
+        "cannot meet an unknown character: a byte-level one (config.tokenizer.kind='bpe', or "
+        "the default 'sentencepiece', which falls back to bytes).", 100 * rate,
+        tokenizer.specials.token('unk'), tokenizer.kind)
+  return rate
+
+
+def _finish_rows(out: str, shard_lengths: dict[str, list[int]], tokenizer: tok_lib.Tokenizer,
                  seq_len: int) -> np.ndarray:
   """The tfds metadata of the rows; returns the train split's token counts [vocab]."""
   rows_dir, counts_dir = _rows_dir(out), os.path.join(out, 'counts')
-  counts = np.zeros(vocab_size, np.int64)
+  counts = np.zeros(tokenizer.vocab_size, np.int64)
   for k in range(len(shard_lengths['train'])):
     counts += np.load(os.path.join(counts_dir, f'train-{k:05d}.npy'))
   split_infos = [tfds.core.SplitInfo(
@@ -396,10 +504,12 @@ def _finish_rows(out: str, shard_lengths: dict[str, list[int]], vocab_size: int,
   tfds.folder_dataset.write_metadata(
       data_dir=rows_dir, features=packing.features(seq_len), split_infos=split_infos,
       filename_template=packing.FILENAME_TEMPLATE, check_data=False,
-      description='Packed [CLS] ... [SEP] rows of sentencepiece ids.')
+      description=f'Packed [CLS] ... [SEP] rows of {tokenizer.kind} ids.')
   for name in ('units', 'counts', 'tmp', 'beam'):
     shutil.rmtree(os.path.join(out, name), ignore_errors=name == 'beam')
-  os.remove(os.path.join(out, 'tokenizer.json'))  # Kept in the report.
+  for name in (_SAMPLE_INFO, _OLD_SAMPLE_INFO):  # Kept in the report.
+    if os.path.exists(os.path.join(out, name)):
+      os.remove(os.path.join(out, name))
   return counts
 
 
@@ -413,8 +523,9 @@ def format_report(report: dict, data_dir: str) -> str:
            f'{where}; reused {w["units_reused"]}/{w["units"]} units, '
            f'{w["shards_reused"]}/{w["shards"]} shards)']
   for s, st in report['splits'].items():
+    unknown = f', unknown {st["unknown_rate"]:.4%}' if st.get('unknown_rate') else ''
     lines.append(f'  {s}: {st["documents"]:,} documents, {st["tokens"]:,} tokens, '
-                 f'{st["rows"]:,} rows, padding {st["padding_fraction"]:.4%}')
+                 f'{st["rows"]:,} rows, padding {st["padding_fraction"]:.4%}{unknown}')
   t = report['tokenizer']
   # A tokenizer stage finished by an older version (a resumed prepare) has other counts.
   if t.get('trained') and 'sentences_seen' in t:
@@ -437,30 +548,44 @@ def format_report(report: dict, data_dir: str) -> str:
 
 def _tokenizer(out: str, corpus: corpus_lib.Corpus, config: ml_collections.ConfigDict,
                pool: packing.Pool) -> tuple[tok_lib.Tokenizer, dict]:
-  """The tokenizer in out/tokenizer.model: copied, kept from an earlier run, or trained.
+  """The tokenizer in out/tokenizer.model or out/tokenizer/: given, kept from an earlier run,
+  or trained.
 
   The units' lines are sampled in the pool's workers (packing.sample_unit)
-  and merged here, so the sample is the same for any number of workers.
+  and merged here, so the sample is the same for any number of workers. The
+  tokenizer is written under a temporary name and renamed last: its presence
+  marks the stage done.
   """
-  model_path = os.path.join(out, 'tokenizer.model')
-  info_path = os.path.join(out, 'tokenizer.json')
-  if os.path.exists(model_path):
+  stored = _stored_tokenizer(out)
+  if stored is not None:
+    info_path = os.path.join(out, _SAMPLE_INFO)
+    if not os.path.exists(info_path):
+      info_path = os.path.join(out, _OLD_SAMPLE_INFO)
     with open(info_path) as f:
-      return tok_lib.Tokenizer(model_path), json.load(f)
+      return tok_lib.load(stored), json.load(f)
   tok, data = config.tokenizer, config.data
-  tmp_path = os.path.join(out, 'tokenizer-tmp.model')
+  tmp_dir = os.path.join(out, 'tokenizer-tmp')
+  shutil.rmtree(tmp_dir, ignore_errors=True)
   if tok.model_file:
-    shutil.copyfile(os.path.expanduser(tok.model_file), tmp_path)
+    tokenizer = _given_tokenizer(tok)
     info = {'trained': False, 'model_file': tok.model_file}
+    if tok.add_tokens:
+      tokenizer, info['added_tokens'] = _add_tokens(tokenizer, tok.add_tokens, out)
+    if isinstance(tokenizer, sp_tokenizer.SentencePieceTokenizer):
+      os.makedirs(tmp_dir)  # The given file's bytes, as they are.
+      shutil.copyfile(tokenizer.model_path, os.path.join(tmp_dir, _SP_TOKENIZER))
+    else:
+      tokenizer.save(tmp_dir)
   else:
-    logging.info('Training a %s tokenizer (vocab %d)', tok.model_type, tok.vocab_size)
+    kind = tok.model_type if tok.kind == 'sentencepiece' else tok.kind
+    logging.info('Training a %s tokenizer (vocab %d)', kind, tok.vocab_size)
     tally = corpus_lib.Tally()
     tally.add(corpus.tally.to_json())
     documents = [0]
 
     bound = [2**64]  # Lowered by merge_samples as parts arrive; read as tasks are made.
 
-    def samples() -> Iterator[tok_lib.LineSample]:
+    def samples() -> Iterator[line_sample.LineSample]:
       tasks = ((i, unit, tok.max_sentences, data.split_seed, bound[0])
                for i, unit in enumerate(corpus.units))
       for sample, unit_documents, unit_tally in pool.results(
@@ -469,7 +594,7 @@ def _tokenizer(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Confi
         tally.add(unit_tally)
         yield sample
 
-    lines, info = tok_lib.merge_samples(samples(), tok.max_sentences, bound)
+    lines, info = line_sample.merge_samples(samples(), tok.max_sentences, bound)
     if not lines:
       _raise_no_text(corpus, tally)
     info['documents'] = documents[0]
@@ -477,22 +602,43 @@ def _tokenizer(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Confi
     logging.info('Tokenizer training text: %s', summary[0])
     for left_out in summary[1:]:
       logging.warning('Tokenizer training text: %s', left_out)
-    # Sentencepiece's training keeps about one core busy: the idle workers
-    # read stage 2's units meanwhile (packing.read_unit).
+    # Tokenizer training keeps about one core busy: the idle workers read
+    # stage 2's units meanwhile (packing.read_unit).
     with pool.meanwhile(packing.read_unit, _units_to_read(out, corpus)):
-      tokenizer = tok_lib.train_tokenizer(
-          lines, tmp_path, vocab_size=tok.vocab_size, model_type=tok.model_type,
-          character_coverage=tok.character_coverage, max_sentences=tok.max_sentences,
-          seed=data.split_seed)
+      tokenizer = tok_lib.train(tok.kind, lines, tmp_dir, tok, seed=data.split_seed)
     del lines
     if tokenizer.vocab_size < tok.vocab_size:
       logging.warning('The corpus supports only %d tokenizer pieces, not the %d asked for '
                       '(config.tokenizer.vocab_size).', tokenizer.vocab_size, tok.vocab_size)
     info = {'trained': True, **info}
-  with open(info_path, 'w') as f:
+  with open(os.path.join(out, _SAMPLE_INFO), 'w') as f:
     json.dump(info, f, indent=2)
-  os.rename(tmp_path, model_path)  # Its presence marks the stage done.
-  return tok_lib.Tokenizer(model_path), info
+  stored = _tokenizer_path(out, tok)
+  if isinstance(tokenizer, sp_tokenizer.SentencePieceTokenizer):
+    os.rename(os.path.join(tmp_dir, _SP_TOKENIZER), stored)
+    shutil.rmtree(tmp_dir)
+  else:
+    os.rename(tmp_dir, stored)
+  return tok_lib.load(stored), info
+
+
+def _add_tokens(tokenizer: tok_lib.Tokenizer, words_file: str, out: str
+                ) -> tuple[tok_lib.Tokenizer, int]:
+  """`tokenizer` with the words of `words_file` (one a line) added; writes out/added_tokens.json.
+
+  Returns the grown tokenizer and how many ids it gained (words it already
+  holds as one token add none).
+  """
+  with open(os.path.expanduser(words_file), encoding='utf-8') as f:
+    words = [line.strip() for line in f if line.strip()]
+  base_vocab_size = tokenizer.vocab_size
+  grown, spelled = tokenizer.add_tokens(words)
+  logging.info('Added %d of the %d words of %s to the tokenizer (%d ids now)', len(spelled),
+               len(words), words_file, grown.vocab_size)
+  with open(os.path.join(out, ADDED_TOKENS), 'w') as f:
+    json.dump({'spelled': {str(i): [int(p) for p in pieces] for i, pieces in spelled.items()},
+               'base_vocab_size': base_vocab_size}, f, indent=2)
+  return grown, len(spelled)
 
 
 def tokenizer_sample_summary(info: dict) -> list[str]:
@@ -502,7 +648,7 @@ def tokenizer_sample_summary(info: dict) -> list[str]:
   line too long for it.
   """
   pieces = info['sentences_seen'] - info['lines_seen'] + info['lines_split']
-  split = (f'; {info["lines_split"]:,} lines over {tok_lib.MAX_SENTENCE_BYTES} bytes cut into '
+  split = (f'; {info["lines_split"]:,} lines over {line_sample.MAX_SENTENCE_BYTES} bytes cut into '
            f'{pieces:,} pieces' if info['lines_split'] else '')
   out = [f'sampled {info["sentences_sampled"]:,} of {info["sentences_seen"]:,} sentences '
          f'({_size(info["bytes_sampled"])} of {_size(info["bytes_seen"])}) from the '

@@ -31,11 +31,11 @@ _PAIR_CUT, _PAIR_LABEL, _PAIR_OTHER = 101, 102, 103
 MIN_SEQ_LEN = 5
 
 
-def build(input_ids: np.ndarray, *, task: str, seed: int, step: int | np.ndarray,
-                   rows: np.ndarray, read_other=None,
-                   own_indices: np.ndarray | None = None,
-                   num_source_rows: int = 0) -> dict[str, np.ndarray]:
-  """Packed rows [b, T] -> sentence-pair rows and their labels.
+def build(input_ids: np.ndarray, *, task: str, specials: tok_lib.Specials, seed: int,
+          step: int | np.ndarray, rows: np.ndarray, read_other=None,
+          own_indices: np.ndarray | None = None,
+          num_source_rows: int = 0) -> dict[str, np.ndarray]:
+  """Packed rows [b, T] of a tokenizer with `specials` -> sentence-pair rows and their labels.
 
   Returns input_ids [b, T], segment_ids [b, T], sentence_pair_labels [b] int32
   and sentence_pair_weights [b] float32: 0 on rows with fewer than 2 content
@@ -47,7 +47,8 @@ def build(input_ids: np.ndarray, *, task: str, seed: int, step: int | np.ndarray
   """
   one_of('sentence_pair', 'task', task, TASKS[1:])
   b, t = input_ids.shape
-  content = (input_ids != tok_lib.PAD_ID).sum(axis=1) - 2     # [b] tokens between [CLS] and [SEP]
+  pad = specials.pad
+  content = (input_ids != pad).sum(axis=1) - 2     # [b] tokens between [CLS] and [SEP]
   m = np.clip(np.minimum(content, t - 3), 0, None)             # [b] content kept in the pair
   ok = m >= 2
 
@@ -74,13 +75,12 @@ def build(input_ids: np.ndarray, *, task: str, seed: int, step: int | np.ndarray
                        'of at least 2 rows')
     offset = 1 + np.floor(draw(_PAIR_OTHER) * (num_source_rows - 1)).astype(np.int64)
     other = read_other(np.where(label, (np.asarray(own_indices) + offset) % num_source_rows, -1))
-    other_content = np.maximum((other != tok_lib.PAD_ID).sum(axis=1) - 2, 1)[:, None]
+    other_content = np.maximum((other != pad).sum(axis=1) - 2, 1)[:, None]
     # B' starts where B would have, wrapping around a short random row.
     other_tokens = other[row_idx, 1 + (pos - 2) % other_content]
     tokens = np.where(label[:, None] & in_second, other_tokens, tokens)
   paired = np.where(in_first | in_second, tokens,
-                    np.where(pos == 0, tok_lib.CLS_ID,
-                             np.where(is_sep, tok_lib.SEP_ID, tok_lib.PAD_ID)))
+                    np.where(pos == 0, specials.cls, np.where(is_sep, specials.sep, pad)))
   segments = ((pos >= first + 2) & (pos <= m + 2)).astype(np.int32)
   keep = ~ok[:, None]
   return {

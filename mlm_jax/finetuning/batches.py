@@ -14,8 +14,6 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from mlm_jax.data import tokenizer as tok_lib
-
 
 class TrainBatches:
   """Iterator over this process's rows of each global training batch, from `start_step` on."""
@@ -59,8 +57,9 @@ def eval_batches(arrays: dict[str, np.ndarray], global_batch: int, process_index
                  process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
   """This process's rows of each global batch over every row, in order.
 
-  The last batch is filled with padding rows of weight 0 (one [CLS] token
-  each, so attention sees a real key), which callers drop from the logits.
+  The last batch is filled with padding rows of weight 0: copies of the
+  file's first row (a well-formed row of any tokenizer, so attention sees
+  real keys), which callers drop from the logits.
   """
   n = len(arrays['input_ids'])
   local = global_batch // process_count
@@ -70,8 +69,4 @@ def eval_batches(arrays: dict[str, np.ndarray], global_batch: int, process_index
     batch = {k: v[np.where(real, index, 0)] for k, v in arrays.items()}
     for k in ('targets', 'weights'):
       batch[k][~real] = 0
-    batch['input_ids'][~real] = tok_lib.PAD_ID
-    batch['input_ids'][~real, 0] = tok_lib.CLS_ID
-    batch['attention_mask'][~real] = 0
-    batch['attention_mask'][~real, 0] = 1
     yield batch

@@ -3,8 +3,9 @@
 `python -m mlm_jax.finetune` runs with `get_config()` unless fields are
 overridden (`--config.train.learning_rate=3e-5`). Fields left to None (or
 0 where noted) are resolved by `plan()` once the training file and the
-pretrained model are known: the number of steps from the epochs, the
-warm-up from its fraction, the learning rate from the model's width.
+pretrained model are known: the number of steps from the epochs (at least
+`min_steps`), the warm-up from its fraction, the learning rate from the
+model's width, the evaluation cadence from the epoch and the run's length.
 """
 
 from __future__ import annotations
@@ -24,17 +25,32 @@ BASE_LEARNING_RATE, BASE_WIDTH = 5e-5, 768
 # ... scaled by BASE_WIDTH / width for narrower models, at most this many
 # times (small BERTs fine-tune best at 1e-4..1e-3: Turc et al., 2019).
 MAX_LEARNING_RATE_SCALE = 20.0
+# With eval_every 0, a run evaluates once per epoch, but at least MIN_EVALUATIONS
+# and at most MAX_EVALUATIONS times over its steps (the best one is kept).
+MIN_EVALUATIONS, MAX_EVALUATIONS = 5, 20
+# config.data.seq_len None with a model of unknown row length (--hf_dir): the longest
+# row of the files, rounded up to a multiple of SEQ_LEN_MULTIPLE, at most this.
+AUTO_SEQ_LEN_LIMIT, SEQ_LEN_MULTIPLE = 512, 8
+# The scores a task reports (scores.py) and the one its best checkpoint is chosen by.
+TASK_SCORES = {'classify': ('accuracy', 'mcc', 'loss'), 'pair': ('accuracy', 'mcc', 'loss'),
+               'regress': ('pearson', 'spearman', 'mse', 'loss'),
+               'tag': ('f1', 'accuracy', 'loss')}
+# Scores where lower is better; every other one is maximised.
+LOWER_IS_BETTER = ('loss', 'mse')
 
 
 def get_config() -> ml_collections.ConfigDict:
-  """The defaults: 3 epochs, batch 32, AdamW with 10% warm-up then linear decay."""
+  """The defaults: 3 epochs but at least 400 steps, batch 32, AdamW with 10% warm-up then
+  linear decay, the best evaluation's checkpoint kept."""
   config = ml_collections.ConfigDict()
   # Seed of the head's initialisation, the epoch order and dropout.
   config.seed = 0
 
   config.data = ml_collections.ConfigDict()
-  # Pieces per row, [CLS] and [SEP]s included; None: the pretraining run's data.seq_len.
-  # Longer texts are truncated (and counted); at most the model's position table.
+  # Pieces per row, [CLS] and [SEP]s included; None: the pretraining run's data.seq_len
+  # (--workdir), or for --hf_dir the longest row of the two files rounded up to a
+  # multiple of 8, at most 512. Longer texts are truncated (and counted); at most the
+  # model's position table.
   config.data.seq_len = config_dict.placeholder(int)
   # Which field of a row (a column, a JSON key, a tfds feature) holds each input.
   # The text (classify, regress) or a pair's first text; None: 'text' (pair: the
@@ -63,7 +79,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.batch_size = 32
   # Passes over the training file; ignored when num_steps > 0.
   config.train.num_epochs = 3.0
-  # Steps to train; 0: num_epochs passes over the training file.
+  # With num_steps 0: at least this many steps, however small the file (3 epochs
+  # of 1,000 rows are only 94 steps, short of what the model reaches with more;
+  # the best evaluation is kept, so extra passes cost time, not quality).
+  config.train.min_steps = 400
+  # Steps to train; 0: max(num_epochs passes over the training file, min_steps).
   config.train.num_steps = 0
   # Peak learning rate; 0: 5e-5 x 768 / hidden_size, at most 20x (1e-3 for d <= 38).
   config.train.learning_rate = 0.0
@@ -83,11 +103,17 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.grad_clip_norm = 1.0
   # Log the training loss every this many steps.
   config.train.log_every = 10
-  # Evaluate every this many steps (and at the end); 0: once per epoch.
+  # Evaluate every this many steps (and at the end); 0: once per epoch, but at least
+  # 5 and at most 20 times over the run (every num_steps/5 or num_steps/20 steps).
   config.train.eval_every = 0
+  # The evaluation score that picks the model kept (OUT/best): '' for the task's
+  # main one (classify, pair: accuracy; regress: pearson; tag: f1), or another the
+  # task reports (mcc, spearman, mse, loss, ...; mse and loss are minimised). A tie goes
+  # to the lower eval loss, then to the earlier step.
+  config.train.best_metric = ''
   # Save a checkpoint every this many steps (and at the end); 0: at every evaluation.
   config.train.checkpoint_every = 0
-  # Checkpoints kept (the newest).
+  # Checkpoints kept for resuming (the newest); the best one is kept apart.
   config.train.keep_checkpoints = 2
   # Also write TensorBoard event files under OUT/tb.
   config.train.tensorboard = True
@@ -117,8 +143,12 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
             f'config.model.{name}={value} must be in [0, 1) (or None: as pretrained).')
   for name in ('batch_size', 'log_every', 'keep_checkpoints'):
     require(t[name] > 0, f'config.train.{name}={t[name]} must be positive.')
-  for name in ('num_steps', 'eval_every', 'checkpoint_every'):
+  for name in ('num_steps', 'min_steps', 'eval_every', 'checkpoint_every'):
     require(t[name] >= 0, f'config.train.{name}={t[name]} must be >= 0 (0: automatic).')
+  scores = sorted({name for names in TASK_SCORES.values() for name in names})
+  require(not t.best_metric or t.best_metric in scores,
+          f'config.train.best_metric={t.best_metric!r} is none of the scores {scores} '
+          "(or '': the task's main one).")
   require(t.num_steps > 0 or t.num_epochs > 0,
           f'config.train.num_epochs={t.num_epochs} must be positive when num_steps is 0.')
   require(t.learning_rate >= 0, f'config.train.learning_rate={t.learning_rate} must be >= 0 '
@@ -156,16 +186,61 @@ class Plan:
     return section
 
 
+def default_num_steps(num_epochs: float, steps_per_epoch: int, min_steps: int) -> int:
+  """max(num_epochs passes, min_steps): the length of a run that does not name its steps."""
+  return max(math.ceil(num_epochs * steps_per_epoch), min_steps, 1)
+
+
+def default_eval_every(steps_per_epoch: int, num_steps: int) -> int:
+  """Once per epoch, clipped to MIN_EVALUATIONS..MAX_EVALUATIONS evaluations over num_steps."""
+  fewest, most = math.ceil(num_steps / MAX_EVALUATIONS), math.ceil(num_steps / MIN_EVALUATIONS)
+  return max(min(steps_per_epoch, most), fewest, 1)
+
+
 def plan(train: ml_collections.ConfigDict, num_examples: int, hidden_size: int) -> Plan:
   """Steps, warm-up, peak learning rate and cadence for `num_examples` training rows."""
   steps_per_epoch = max(math.ceil(num_examples / train.batch_size), 1)
-  num_steps = train.num_steps or max(math.ceil(train.num_epochs * steps_per_epoch), 1)
+  num_steps = train.num_steps or default_num_steps(train.num_epochs, steps_per_epoch,
+                                                   train.min_steps)
   learning_rate = train.learning_rate or default_learning_rate(hidden_size)
-  eval_every = train.eval_every or steps_per_epoch
+  eval_every = train.eval_every or default_eval_every(steps_per_epoch, num_steps)
   return Plan(num_steps=num_steps, steps_per_epoch=steps_per_epoch,
               warmup_steps=round(train.warmup_fraction * num_steps),
               learning_rate=learning_rate, eval_every=eval_every,
               checkpoint_every=train.checkpoint_every or eval_every)
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+  """Which evaluation score picks the kept model, and which way is better."""
+
+  metric: str
+  higher_is_better: bool
+
+  def better(self, result: dict[str, float], than: dict[str, float] | None) -> bool:
+    """Whether evaluation `result` beats `than` (None: nothing yet).
+
+    A tie on the metric (accuracy often ties on a small eval file) goes to
+    the lower eval loss, the more confident model; a full tie keeps the earlier.
+    """
+    if than is None:
+      return True
+    value, best = result[self.metric], than[self.metric]
+    if value != best:
+      return value > best if self.higher_is_better else value < best
+    return result['loss'] < than['loss']
+
+
+def selection(task: str, best_metric: str, num_labels: int | None) -> Selection:
+  """config.train.best_metric for `task` ('' -> its main score); ConfigError for one it lacks."""
+  names = TASK_SCORES[task]
+  metric = best_metric or names[0]
+  require(metric in names, f'config.train.best_metric={metric!r}: task {task!r} reports '
+          f'{", ".join(names)}.')
+  require(metric != 'mcc' or num_labels == 2,
+          f'config.train.best_metric=\'mcc\' needs two labels; the training file has '
+          f'{num_labels}.')
+  return Selection(metric, metric not in LOWER_IS_BETTER)
 
 
 def default_learning_rate(hidden_size: int) -> float:

@@ -10,8 +10,10 @@ under these names unless `Fields` (config.data.*_field) names others:
   regress    text, label (a number)
   pair       text_a, text_b (or another pair of PAIR_FIELDS), label; encoded
              [CLS] a [SEP] b [SEP], segment 0 up to the first [SEP], 1 after
+             (RoBERTa: <s> a </s></s> b </s>, one segment; see RowFormat)
   tag        tokens, tags: lists of equal length (JSON lines or tfds only);
-             each word is encoded on its own and its first piece carries its tag
+             each word is encoded on its own (as after a space) and its first
+             piece carries its tag
 
 A tfds split without a 'text' feature gives its only text feature for
 classify and regress. Every problem (a missing or empty field, a label the
@@ -390,6 +392,21 @@ class Encoded:
             'attention_mask': self.attention_mask, 'targets': self.targets,
             'weights': self.weights}
 
+  def longest(self) -> int:
+    """Positions the longest row fills (its [CLS] and [SEP]s included)."""
+    return int(self.attention_mask.sum(axis=1).max(initial=0))
+
+  def trimmed(self, seq_len: int) -> Encoded:
+    """The same rows in `seq_len` positions; only padding may be cut (seq_len >= longest())."""
+    if seq_len < self.longest():
+      raise ValueError(f'trimming to {seq_len} positions would cut rows of {self.longest()}.')
+    per_position = self.targets.ndim == 2
+    return dataclasses.replace(
+        self, input_ids=self.input_ids[:, :seq_len], segment_ids=self.segment_ids[:, :seq_len],
+        attention_mask=self.attention_mask[:, :seq_len],
+        targets=self.targets[:, :seq_len] if per_position else self.targets,
+        weights=self.weights[:, :seq_len] if per_position else self.weights)
+
 
 def _pair_lengths(a: int, b: int, budget: int) -> tuple[int, int]:
   """Pieces kept of a pair's texts: the longer is cut first (Hugging Face's 'longest_first')."""
@@ -401,32 +418,62 @@ def _pair_lengths(a: int, b: int, budget: int) -> tuple[int, int]:
   return budget - budget // 2, budget // 2   # Both cut; a tie takes from the second first.
 
 
-def sequence_rows(pieces: Sequence[Sequence[Sequence[int]]],
-                   seq_len: int) -> tuple[np.ndarray, np.ndarray, int]:
-  """Each row's texts (1 or 2 lists of ids) -> ([N, T] ids, [N, T] segments, rows truncated)."""
-  ids = np.full((len(pieces), seq_len), tok_lib.PAD_ID, np.int32)
+@dataclasses.dataclass(frozen=True)
+class RowFormat:
+  """How a row frames its text(s): the tokenizer's special ids and the model family's pair form.
+
+  single  [CLS] a [SEP] padded with [PAD] (the ids of the tokenizer's roles:
+          <s>, </s>, <pad> for RoBERTa);
+  pair    [CLS] a [SEP] b [SEP], or [CLS] a [SEP] [SEP] b [SEP] with
+          `pair_separators` 2 (RoBERTa's form). Segment 1 from b on when the
+          model has token types (`segments`), else every position is 0.
+  """
+
+  specials: tok_lib.Specials
+  pair_separators: int = 1
+  segments: bool = True
+
+  @classmethod
+  def for_model(cls, specials: tok_lib.Specials, variant: str,
+                type_vocab_size: int) -> RowFormat:
+    """The rows an encoder of `variant` with `type_vocab_size` token types was pretrained on."""
+    return cls(specials, pair_separators=2 if variant == 'roberta' else 1,
+               segments=type_vocab_size > 1)
+
+
+def sequence_rows(pieces: Sequence[Sequence[Sequence[int]]], seq_len: int,
+                  fmt: RowFormat) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+  """Each row's texts (1 or 2 lists of ids) -> [N, T] ids, segments, attention mask; rows cut."""
+  s = fmt.specials
+  ids = np.full((len(pieces), seq_len), s.pad, np.int32)
   segments = np.zeros((len(pieces), seq_len), np.int32)
+  mask = np.zeros((len(pieces), seq_len), np.int32)
   truncated = 0
   for r, texts in enumerate(pieces):
     if len(texts) == 1:
       keep = (min(len(texts[0]), seq_len - 2),)
     else:
-      keep = _pair_lengths(len(texts[0]), len(texts[1]), seq_len - 3)
+      keep = _pair_lengths(len(texts[0]), len(texts[1]), seq_len - 2 - fmt.pair_separators)
     truncated += any(k < len(t) for k, t in zip(keep, texts))
-    row = [tok_lib.CLS_ID, *texts[0][:keep[0]], tok_lib.SEP_ID]
+    row = [s.cls, *texts[0][:keep[0]], s.sep]
     if len(texts) == 2:   # Segment 1: the second text and its [SEP].
+      row += [s.sep] * (fmt.pair_separators - 1)
       second = len(row)
-      row += [*texts[1][:keep[1]], tok_lib.SEP_ID]
-      segments[r, second:len(row)] = 1
+      row += [*texts[1][:keep[1]], s.sep]
+      if fmt.segments:
+        segments[r, second:len(row)] = 1
     ids[r, :len(row)] = row
-  return ids, segments, truncated
+    mask[r, :len(row)] = 1
+  return ids, segments, mask, truncated
 
 
 def _tag_rows(words: Sequence[Sequence[Sequence[int]]], tags: Sequence[np.ndarray] | None,
-              seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int]:
-  """Each row's words (as ids) -> ids, targets, weights [N, T], word starts, rows truncated."""
+              seq_len: int, specials: tok_lib.Specials
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], int]:
+  """Each row's words (as ids) -> ids, mask, targets, weights [N, T], word starts, rows cut."""
   n = len(words)
-  ids = np.full((n, seq_len), tok_lib.PAD_ID, np.int32)
+  ids = np.full((n, seq_len), specials.pad, np.int32)
+  mask = np.zeros((n, seq_len), np.int32)
   targets = np.zeros((n, seq_len), np.int32)
   weights = np.zeros((n, seq_len), np.float32)
   starts, truncated = [], 0
@@ -434,43 +481,49 @@ def _tag_rows(words: Sequence[Sequence[Sequence[int]]], tags: Sequence[np.ndarra
     lengths = np.array([len(w) for w in row_words])
     first = 1 + np.concatenate([[0], np.cumsum(lengths)[:-1]])       # Position of each word.
     flat = [i for w in row_words for i in w][:seq_len - 2]
-    ids[r, :len(flat) + 2] = [tok_lib.CLS_ID, *flat, tok_lib.SEP_ID]
+    ids[r, :len(flat) + 2] = [specials.cls, *flat, specials.sep]
+    mask[r, :len(flat) + 2] = 1
     kept = first <= len(flat)
     truncated += len(flat) < lengths.sum()
     starts.append(np.where(kept, first, -1))
     if tags is not None:
       targets[r, first[kept]] = tags[r][kept]
       weights[r, first[kept]] = 1.0
-  return ids, targets, weights, starts, truncated
+  return ids, mask, targets, weights, starts, truncated
 
 
 def encode(examples: Sequence[Example], task: str, tokenizer: tok_lib.Tokenizer, seq_len: int,
            labels: Sequence[Label] | None = None, path: str = '',
-           fields: Fields = Fields()) -> Encoded:
+           fields: Fields = Fields(), row_format: RowFormat | None = None) -> Encoded:
   """Examples -> arrays of length `seq_len` ([CLS] ... [SEP] (b [SEP])); targets when labelled.
 
   `labels`: the training file's labels (their index is the target); None
   for regress and for unlabelled examples. `path`, `fields`: where the
-  examples were read, for messages.
+  examples were read, for messages. `row_format`: how rows are framed (None:
+  the tokenizer's specials, BERT's pair form with token types). Texts are
+  corpus text: a special token's spelling in them is plain text.
   """
+  fmt = row_format or RowFormat(tokenizer.specials)
   index = {label: i for i, label in enumerate(labels or ())}
   labelled = bool(examples) and examples[0].label is not None
   if task == 'tag':
-    words = _encode_nested(tokenizer, [e.texts for e in examples])
+    # Each word as it reads inside a sentence: after a space (byte-level BPE
+    # spells that 'Ġword'; sentencepiece and WordPiece drop the space).
+    words = _encode_nested(tokenizer, [[' ' + w for w in e.texts] for e in examples])
     _check_words(examples, words, path, fields.tokens)
     tags = [np.array([index[t] for t in e.label], np.int32) for e in examples] if labelled else None
-    ids, targets, weights, starts, truncated = _tag_rows(words, tags, seq_len)
-    return Encoded(ids, np.zeros_like(ids), (ids != tok_lib.PAD_ID).astype(np.int32), targets,
-                   weights, truncated, starts)
+    ids, mask, targets, weights, starts, truncated = _tag_rows(words, tags, seq_len,
+                                                               fmt.specials)
+    return Encoded(ids, np.zeros_like(ids), mask, targets, weights, truncated, starts)
   pieces = _encode_nested(tokenizer, [e.texts for e in examples])
-  ids, segments, truncated = sequence_rows(pieces, seq_len)
+  ids, segments, mask, truncated = sequence_rows(pieces, seq_len, fmt)
   if not labelled:
     targets = np.zeros(len(examples), np.float32 if task == 'regress' else np.int32)
   elif task == 'regress':
     targets = np.array([e.label for e in examples], np.float32)
   else:
     targets = np.array([index[e.label] for e in examples], np.int32)
-  return Encoded(ids, segments, (ids != tok_lib.PAD_ID).astype(np.int32), targets,
+  return Encoded(ids, segments, mask, targets,
                  np.full(len(examples), float(labelled), np.float32), truncated)
 
 
@@ -487,7 +540,7 @@ def _check_words(examples: Sequence[Example], words: Sequence[Sequence[Sequence[
 def _encode_nested(tokenizer: tok_lib.Tokenizer,
                    groups: Sequence[Sequence[str]]) -> list[list[list[int]]]:
   """Ids of every text of every group, in one call to the tokenizer."""
-  flat = tokenizer.encode([tok_lib.sanitize(t) for g in groups for t in g])
+  flat = tokenizer.encode_documents([tok_lib.sanitize(t) for g in groups for t in g])
   out, i = [], 0
   for g in groups:
     out.append(flat[i:i + len(g)])

@@ -1,8 +1,10 @@
 """Export of a fine-tuned model as a Hugging Face sequence or token classifier.
 
-  task classify, pair, regress   BertForSequenceClassification or
+  task classify, pair, regress   BertForSequenceClassification,
+                                 RobertaForSequenceClassification or
                                  ModernBertForSequenceClassification
-  task tag                       BertForTokenClassification or
+  task tag                       BertForTokenClassification,
+                                 RobertaForTokenClassification or
                                  ModernBertForTokenClassification
 
 The encoder's tensors are named and laid out as the pretraining export
@@ -11,14 +13,18 @@ reuses); the head adds, in Hugging Face's names:
 
   ours                                Hugging Face
   head/pooler/{kernel, bias}          bert.pooler.dense.{weight, bias}   (BERT, sequence)
+                                      classifier.dense.{weight, bias}    (RoBERTa, sequence)
   head/transform/kernel               head.dense.weight                  (ModernBERT)
   head/layer_norm/scale               head.norm.weight                   (ModernBERT)
   head/classifier/{kernel, bias}      classifier.{weight, bias}
+                                      classifier.out_proj.{weight, bias} (RoBERTa, sequence)
 
 config.json carries id2label / label2id (the labels as strings, in the
 order of the logits), problem_type, and for ModernBERT classifier_pooling
 'cls'. A tag model's logits cover every piece; ours are read at each word's
-first piece. Needs the interop extra (safetensors, tokenizers), not torch.
+first piece. The tokenizer is the model's own (a Hugging Face one's files as it
+was read; see hf.save_tokenizer). Needs the interop extra (safetensors,
+tokenizers), not torch.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from mlm_jax.interop.layout import get_path
 # (variant, per token) -> the transformers class an export loads as.
 ARCHITECTURES = {('bert', False): 'BertForSequenceClassification',
                  ('bert', True): 'BertForTokenClassification',
+                 ('roberta', False): 'RobertaForSequenceClassification',
+                 ('roberta', True): 'RobertaForTokenClassification',
                  ('modern', False): 'ModernBertForSequenceClassification',
                  ('modern', True): 'ModernBertForTokenClassification'}
 
@@ -45,23 +53,31 @@ ARCHITECTURES = {('bert', False): 'BertForSequenceClassification',
 def head_layout(cfg: model_lib.ModelConfig, per_token: bool, num_outputs: int) -> list[Tensor]:
   """The head's tensors in the Hugging Face class of (cfg.variant, per_token)."""
   d, k = cfg.hidden_size, num_outputs
-  out = []
+  out, classifier = [], 'classifier'
   if cfg.variant == 'modern':
     out += [Tensor('head.dense.weight', ('head', 'transform', 'kernel'), (d, d), (d, d), True),
             Tensor('head.norm.weight', ('head', 'layer_norm', 'scale'), (d,), (d,))]
   elif not per_token:
-    out += [Tensor('bert.pooler.dense.weight', ('head', 'pooler', 'kernel'), (d, d), (d, d), True),
-            Tensor('bert.pooler.dense.bias', ('head', 'pooler', 'bias'), (d,), (d,))]
-  return out + [Tensor('classifier.weight', ('head', 'classifier', 'kernel'), (k, d), (d, k), True),
-                Tensor('classifier.bias', ('head', 'classifier', 'bias'), (k,), (k,))]
+    pooler = 'classifier.dense' if cfg.variant == 'roberta' else 'bert.pooler.dense'
+    out += [Tensor(f'{pooler}.weight', ('head', 'pooler', 'kernel'), (d, d), (d, d), True),
+            Tensor(f'{pooler}.bias', ('head', 'pooler', 'bias'), (d,), (d,))]
+    if cfg.variant == 'roberta':
+      classifier = 'classifier.out_proj'
+  return out + [Tensor(f'{classifier}.weight', ('head', 'classifier', 'kernel'), (k, d), (d, k),
+                       True),
+                Tensor(f'{classifier}.bias', ('head', 'classifier', 'bias'), (k,), (k,))]
 
 
 def to_hf_state_dict(params: dict[str, Any], cfg: model_lib.ModelConfig, per_token: bool,
-                     num_outputs: int) -> dict[str, np.ndarray]:
-  """Our fine-tuned params -> the Hugging Face class's tensors (float32, no vocabulary padding)."""
+                     num_outputs: int, pad_id: int) -> dict[str, np.ndarray]:
+  """Our fine-tuned params -> the Hugging Face class's tensors (float32, no vocabulary padding).
+
+  `pad_id`: the tokenizer's, which places RoBERTa's positions after its offset rows.
+  """
   if cfg.scan_layers:
     params = model_lib.unstack_layers(params, cfg.num_layers)
-  encoder = [t for t in hf.FORMATS[cfg.variant].layout(cfg) if t.path[0] == 'encoder']
+  fmt = hf.FORMATS[cfg.variant]
+  encoder = [t for t in fmt.layout(cfg, fmt.position_offset(pad_id)) if t.path[0] == 'encoder']
   out = {}
   for t in encoder + head_layout(cfg, per_token, num_outputs):
     x = np.asarray(get_path(params, t.path), np.float32)
@@ -73,7 +89,7 @@ def to_hf_config(model: model_dir.FineTunedModel) -> dict[str, Any]:
   """The config.json of the export: the encoder's, with the head's class, labels and dropout."""
   cfg, per_token = model.model_cfg, model.task == 'tag'
   names = [str(label) for label in model.labels] if model.labels else ['value']
-  config = hf.to_hf_config(cfg) | {
+  config = hf.to_hf_config(cfg, model.tokenizer.specials) | {
       'architectures': [ARCHITECTURES[cfg.variant, per_token]],
       'id2label': dict(enumerate(names)), 'label2id': {n: i for i, n in enumerate(names)},
       'problem_type': 'regression' if model.task == 'regress' else 'single_label_classification',
@@ -84,12 +100,15 @@ def to_hf_config(model: model_dir.FineTunedModel) -> dict[str, Any]:
 
 
 def export(model_path: str, out_dir: str, step: int | None = None) -> model_dir.FineTunedModel:
-  """Writes the Hugging Face directory `out_dir` of a fine-tuning output; returns the model."""
+  """Writes the Hugging Face directory `out_dir` of a fine-tuning output; returns the model.
+
+  `step` None: the best evaluation's parameters (model_dir.load).
+  """
   numpy_io = hf.require('safetensors.numpy')
   hf.require('tokenizers')   # Fail before any work, naming the extra to install.
   model = model_dir.load(model_path, step)
   tensors = to_hf_state_dict(model.params, model.model_cfg, model.task == 'tag',
-                             len(model.labels or [0]))
+                             len(model.labels or [0]), model.tokenizer.specials.pad)
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, 'config.json'), 'w') as f:
     json.dump(to_hf_config(model), f, indent=2)

@@ -3,6 +3,9 @@
   variant 'bert'    sequence: pooler (dense + tanh on [CLS]), dropout, classifier
                     (BertForSequenceClassification); tokens: dropout, classifier
                     on every position (BertForTokenClassification)
+  variant 'roberta' sequence: dropout, then as 'bert' (RobertaClassificationHead:
+                    dense + tanh on <s>, dropout, out_proj); tokens: as 'bert'
+                    (RobertaForTokenClassification)
   variant 'modern'  sequence: [CLS] -> dense (no bias) + GELU + LayerNorm (no
                     bias), dropout, classifier (ModernBertForSequenceClassification,
                     classifier_pooling='cls'); tokens: the same on every position
@@ -51,6 +54,8 @@ class ClassifierHead(nn.Module):
                 kernel_init=dense_init(cfg, (EMBED, MLP), modern.out_std(cfg)), name='transform')(x)
       x = layer_norm(cfg, 'layer_norm', use_bias=False)(gelu(x))
     elif not self.per_token:
+      if cfg.variant == 'roberta':
+        x = Dropout(self.dropout_rate)(x, deterministic=deterministic)
       x = jnp.tanh(Dense(cfg.hidden_size, dtype=cfg.dtype,
                          kernel_init=dense_init(cfg, (EMBED, MLP)), bias_init=zeros((MLP,)),
                          name='pooler')(x))

@@ -1,4 +1,4 @@
-"""The fine-tuning driver: read and check the data -> build -> resume -> loop -> final evaluation.
+"""The fine-tuning driver: read and check the data -> build -> resume -> loop -> the best model.
 
 `finetune(...)` reads top to bottom like pretraining's loop (training/loop.py)
 and reuses its parts: the mesh and host-to-device boundary (runtime/), the
@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import shutil
 import time
 from typing import Any
 
 import jax
 import ml_collections
 from absl import logging
+from jax.experimental import multihost_utils
 
 from mlm_jax import model as model_lib
 from mlm_jax.config_check import require
@@ -26,6 +28,7 @@ from mlm_jax.finetuning import config as config_lib
 from mlm_jax.finetuning import data as data_lib
 from mlm_jax.finetuning import evaluate as evaluate_lib
 from mlm_jax.finetuning import model_dir
+from mlm_jax.finetuning import pretrained as pretrained_lib
 from mlm_jax.finetuning import report as report_lib
 from mlm_jax.finetuning import scores
 from mlm_jax.finetuning import step as step_lib
@@ -34,7 +37,6 @@ from mlm_jax.training import checkpoint
 from mlm_jax.training import feed as feed_lib
 from mlm_jax.training import metrics
 from mlm_jax.training import preemption
-from mlm_jax.training import workdir as workdir_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,23 +49,30 @@ class TaskData:
   seq_len: int
 
 
-def finetune(workdir: str, out_dir: str, task: str, train_path: str, eval_path: str,
-             config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """Fine-tunes the pretraining run in `workdir` on `train_path` into `out_dir` (resuming there).
+def finetune(workdir: str | None, out_dir: str, task: str, train_path: str, eval_path: str,
+             config: ml_collections.ConfigDict, *, hf_dir: str | None = None) -> dict[str, Any]:
+  """Fine-tunes the pretraining run in `workdir`, or the Hugging Face masked LM in `hf_dir`
+  (exactly one), on `train_path` into `out_dir` (resuming there).
 
-  Evaluates on `eval_path` every config.train.eval_every steps and at the
-  end; returns the last evaluation's scores with the step reached.
+  Evaluates on `eval_path` every plan.eval_every steps and at the end, and
+  keeps the parameters of the best evaluation by config.train.best_metric
+  in OUT/best (what predict and export load). Returns the step reached, the
+  best evaluation's step (best_step), metric (best_metric) and scores
+  (eval_*); no scores when stopped before any evaluation.
   """
   start_time, is_main = time.perf_counter(), jax.process_index() == 0
   out_dir = os.path.abspath(out_dir)
   config_lib.check_config(config, jax.device_count())
-  # --------------------------------------------------- pretrained run, data
-  run = workdir_lib.load(workdir)
-  data = read_task_data(task, train_path, eval_path, run, config.data)
-  model_cfg, model_section = _model_config(run, config)
+  # ------------------------------------------------ pretrained model, data
+  pretrained = pretrained_lib.load(workdir, hf_dir)
+  model_cfg, model_section = _model_config(pretrained, config)
+  row_format = model_dir.row_format(pretrained.tokenizer, model_cfg)
+  data = read_task_data(task, train_path, eval_path, pretrained, config.data, row_format)
+  selection = config_lib.selection(task, config.train.best_metric,
+                                   len(data.labels) if data.labels else None)
   classifier_dropout = _value_or(config.model.classifier_dropout, model_cfg.dropout_rate)
   record = model_dir.model_record(task, data.labels, data.seq_len, model_cfg, model_section,
-                                  classifier_dropout, run.workdir, run.step)
+                                  classifier_dropout, pretrained.source, pretrained.tokenizer)
   model_dir.check_resumable(out_dir, record)
   plan = config_lib.plan(config.train, len(data.train), model_cfg.hidden_size)
   train = plan.train_section(config.train)
@@ -75,13 +84,20 @@ def finetune(workdir: str, out_dir: str, task: str, train_path: str, eval_path: 
   # ---------------------------------------------------------------- resume
   checkpointer = checkpoint.Checkpointer(model_dir.checkpoint_dir(out_dir), train)
   meta = model_dir.checkpoint_meta(model_cfg, record)
-  state, start_step = _resume(built, checkpointer, meta, run)
-  resolved = _resolved_config(config, plan, data)
+  state, start_step = _resume(built, checkpointer, meta, pretrained)
+  best = _best_so_far(model_dir.best_dir(out_dir), start_step, is_main)
+  # Only the best parameters: the optimizer state is for resuming, which checkpoints/ does.
+  best_checkpointer = checkpoint.Checkpointer(
+      model_dir.best_dir(out_dir),
+      ml_collections.ConfigDict({'checkpoint_every': plan.num_steps + 1, 'keep_checkpoints': 1}))
+  resolved = _resolved_config(config, plan, data, selection)
   if is_main:
-    model_dir.write(out_dir, record, resolved, run.tokenizer)
-  logging.info('Fine-tuning %s (%s, %d labels) from %s step %d: %d steps of %d rows, peak '
-               'learning rate %.3g', task, model_cfg.variant, record['num_outputs'], run.workdir,
-               run.step, plan.num_steps, train.batch_size, plan.learning_rate)
+    model_dir.write(out_dir, record, resolved, pretrained.tokenizer)
+  logging.info('Fine-tuning %s (%s, %d labels) from %s: %d steps of %d rows (%d per epoch), '
+               'peak learning rate %.3g, evaluating every %d steps, keeping the best %s',
+               task, model_cfg.variant, record['num_outputs'], pretrained.description,
+               plan.num_steps, train.batch_size, plan.steps_per_epoch, plan.learning_rate,
+               plan.eval_every, selection.metric)
   # ------------------------------------------------------------------ loop
   host_batches = batches_lib.TrainBatches(
       data.train.arrays(), train.batch_size, config.seed, start_step=start_step,
@@ -94,8 +110,17 @@ def finetune(workdir: str, out_dir: str, task: str, train_path: str, eval_path: 
       checkpoint_dir=checkpointer.directory)
   evaluate = functools.partial(_evaluate, built.eval_step, task=task, data=data,
                                batch_size=config.eval.batch_size, mesh=mesh)
+
+  def keep_if_best(step: int, result: dict[str, Any]) -> None:
+    nonlocal best
+    if selection.better(result, best['eval'] if best else None):
+      best = {'step': step, 'metric': selection.metric, 'value': result[selection.metric],
+              'eval': result}
+      best_checkpointer.save(step, state.replace(opt_state={}), {**meta, 'best': best},
+                             force=True)
+
   stop = preemption.StopRequest(multi_process=jax.process_count() > 1)
-  step, last_eval, stopping = start_step, {}, False
+  step, stopping = start_step, False
   try:
     with stop:
       while step < plan.num_steps and not stopping:
@@ -111,40 +136,52 @@ def finetune(workdir: str, out_dir: str, task: str, train_path: str, eval_path: 
         if final or step % train.log_every == 0:
           log.write(step)
         if step == plan.num_steps or step % plan.eval_every == 0:
-          last_eval = evaluate(state)
-          log.write_eval(step, last_eval)
+          result = evaluate(state)
+          log.write_eval(step, result)
+          keep_if_best(step, result)
         if final or checkpointer.should_save(step):
           checkpointer.save(step, state, meta, force=final)
+      if best is None and not stopping:
+        # Finished before the best was kept (a directory from before OUT/best): keep the last.
+        keep_if_best(step, evaluate(state))
   finally:
     log.close()
-    checkpointer.wait()
-    checkpointer.close()
+    for saver in (checkpointer, best_checkpointer):
+      saver.wait()
+      saver.close()
   if stopping:
     logging.warning('Stopped by %s at step %d; checkpoint saved. Run the same command to '
                     'resume.', stop.signal_name, step)
-  elif not last_eval:   # Already finished earlier: evaluate what the directory holds.
-    last_eval = evaluate(state)
-    if is_main:
-      print(f'(already at step {step}) ' + scores.describe(step, last_eval),
-            flush=True)
-  return {'step': step, 'wall_time_s': time.perf_counter() - start_time,
-          **{f'eval_{k}': v for k, v in last_eval.items()}}
+  elif is_main:
+    already = f'(already at step {step}) ' if step == start_step else ''
+    print(f'{already}best: {scores.describe(best["step"], best["eval"])}; kept in '
+          f'{model_dir.best_dir(out_dir)} (what predict and export use)', flush=True)
+  out = {'step': step, 'wall_time_s': time.perf_counter() - start_time}
+  if best is not None:
+    out |= {'best_step': best['step'], 'best_metric': best['metric'],
+            **{f'eval_{k}': v for k, v in best['eval'].items()}}
+  return out
 
 
 # ---------------------------------------------------------------- helpers
 
 
 def read_task_data(task: str, train_path: str, eval_path: str,
-                   run: workdir_lib.TrainedRun, data: ml_collections.ConfigDict) -> TaskData:
+                   pretrained: pretrained_lib.Pretrained, data: ml_collections.ConfigDict,
+                   row_format: data_lib.RowFormat) -> TaskData:
   """Both files (tfds splits) read, checked and encoded; truncation logged.
 
   DataError for the first bad row; `data`: the config's data section (the
-  sequence length, the fields to read, the tfds data dir).
+  sequence length, the fields to read, the tfds data dir). The sequence
+  length: data.seq_len, else the pretraining run's, else (a model of unknown
+  row length) the longest row of the two files rounded up to a multiple of
+  8, at most 512.
   """
-  seq_len = data.seq_len or run.config.data.seq_len
-  limit = run.model_cfg.max_position_embeddings
-  require(seq_len <= limit, f'config.data.seq_len={seq_len} exceeds the position table of the '
-          f'pretrained model ({limit} positions).')
+  limit = pretrained.model_cfg.max_position_embeddings
+  seq_len = data.seq_len or pretrained.seq_len
+  require(seq_len is None or seq_len <= limit,
+          f'config.data.seq_len={seq_len} exceeds the position table of the pretrained model '
+          f'({limit} positions).')
   fields = data_lib.Fields.from_config(data)
   read = functools.partial(data_lib.read_examples, task=task, fields=fields,
                            tfds_data_dir=data.tfds_data_dir)
@@ -155,18 +192,51 @@ def read_task_data(task: str, train_path: str, eval_path: str,
   if labels is not None and len(labels) < 2:
     raise data_lib.DataError(f'{train_path}: every row has the label {labels[0]!r}; a '
                              'classifier needs at least two.')
+  longest = seq_len or min(limit, config_lib.AUTO_SEQ_LEN_LIMIT)
   encoded = {}
   for name, path, examples in (('train', train_path, train_examples),
                                ('eval', eval_path, eval_examples)):
-    encoded[name] = data_lib.encode(examples, task, run.tokenizer, seq_len, labels, path, fields)
+    encoded[name] = data_lib.encode(examples, task, pretrained.tokenizer, longest, labels, path,
+                                    fields, row_format)
+  if seq_len is None:
+    filled = max(e.longest() for e in encoded.values())
+    multiple = config_lib.SEQ_LEN_MULTIPLE
+    seq_len = min(longest, -(-filled // multiple) * multiple)
+    encoded = {name: e.trimmed(seq_len) for name, e in encoded.items()}
+    logging.info('Rows of %d pieces: the longest row of the files (%d), rounded up to a multiple '
+                 'of %d, at most %d (set --config.data.seq_len to choose).', seq_len, filled,
+                 multiple, longest)
+  for name, path in (('train', train_path), ('eval', eval_path)):
     message = data_lib.describe_truncation(encoded[name], path, seq_len)
     if message:
       logging.warning('%s', message)
   return TaskData(encoded['train'], encoded['eval'], labels, seq_len)
 
 
+def _best_so_far(directory: str, start_step: int, is_main: bool) -> dict[str, Any] | None:
+  """The best evaluation kept in `directory` ({'step', 'metric', 'value', 'eval'}), or None.
+
+  One kept from beyond the checkpoint resumed (its train checkpoint was lost)
+  is dropped: the run computes it again, and a best saved at an earlier step
+  than one on disk would be rotated away first.
+  """
+  steps = model_dir.saved_steps(directory)
+  if not steps:
+    return None
+  if steps[-1] > start_step:
+    logging.warning('%s holds the best evaluation of step %d, past the step %d resumed from: '
+                    'evaluating again from there.', directory, steps[-1], start_step)
+    if is_main:
+      shutil.rmtree(directory)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices('mlm_jax:finetune_best_dropped')
+    return None
+  _, _, meta = checkpoint.restore_params(directory, steps[-1])
+  return meta.get('best')
+
+
 def _resume(built: step_lib.Built, checkpointer: checkpoint.Checkpointer, meta: dict[str, Any],
-            run: workdir_lib.TrainedRun) -> tuple[Any, int]:
+            pretrained: pretrained_lib.Pretrained) -> tuple[Any, int]:
   """(state, step): the latest checkpoint in the output directory, else the pretrained encoder."""
   state = built.init_state()   # Made under jit straight into its sharding.
   start_step = checkpointer.latest_step() or 0
@@ -174,17 +244,18 @@ def _resume(built: step_lib.Built, checkpointer: checkpoint.Checkpointer, meta: 
     state = checkpointer.restore(start_step, state, meta)
     logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
   else:
-    state = step_lib.with_pretrained(state, run.params, f'{run.workdir} step {run.step}')
+    state = step_lib.with_pretrained(state, pretrained.params, pretrained.description)
   return state, start_step
 
 
 def _resolved_config(config: ml_collections.ConfigDict, plan: config_lib.Plan,
-                     data: TaskData) -> dict[str, Any]:
+                     data: TaskData, selection: config_lib.Selection) -> dict[str, Any]:
   """The config as a dict, with what it resolved to for these files on this machine."""
   return config.to_dict() | {'resolved': dataclasses.asdict(plan) | {
       'seq_len': data.seq_len, 'train_rows': len(data.train), 'eval_rows': len(data.eval),
       'train_truncated': data.train.truncated, 'eval_truncated': data.eval.truncated,
-      'num_devices': jax.device_count(), 'backend': jax.default_backend()}}
+      'best_metric': selection.metric, 'num_devices': jax.device_count(),
+      'backend': jax.default_backend()}}
 
 
 def _evaluate(eval_step: Any, state: Any, *, task: str, data: TaskData, batch_size: int,
@@ -199,16 +270,16 @@ def _value_or(value: float | None, default: float) -> float:
   return default if value is None else value
 
 
-def _model_config(run: workdir_lib.TrainedRun, config: ml_collections.ConfigDict
+def _model_config(pretrained: pretrained_lib.Pretrained, config: ml_collections.ConfigDict
                   ) -> tuple[model_lib.ModelConfig, dict[str, Any]]:
   """The encoder's ModelConfig for fine-tuning here, and the config.model section it records."""
-  section = run.config.model.to_dict()
+  section = dict(pretrained.model_section)
   section['dropout_rate'] = _value_or(config.model.dropout_rate, section['dropout_rate'])
   platform = jax.devices()[0].platform
   dtype = model_lib.compute_dtype(section['dtype'], platform)
   attention = model_lib.resolve_attention(section['attention'], platform, dtype,
                                           section['attention_dropout_rate'])
-  cfg = model_dir.model_config({'model': section, 'vocab_size': run.model_cfg.vocab_size,
-                                'padded_vocab_size': run.model_cfg.padded_vocab_size},
+  cfg = model_dir.model_config({'model': section, 'vocab_size': pretrained.model_cfg.vocab_size,
+                                'padded_vocab_size': pretrained.model_cfg.padded_vocab_size},
                                dtype, attention=attention, sentence_pair_head=False)
   return cfg, section

@@ -35,14 +35,15 @@ from mlm_jax.finetuning import step as step_lib
 def predict(model_path: str, data_path: str, out_path: str, batch_size: int = 64) -> int:
   """Writes `out_path` (JSON lines) with the predictions of `model_path` for `data_path`.
 
-  Returns the number of rows written.
+  The model is the fine-tuning's best evaluation (OUT/best). Returns the
+  number of rows written.
   """
   model = model_dir.load(model_path)
   fields = data_lib.Fields.from_config(model.data_config)
   examples = data_lib.read_examples(data_path, model.task, labelled=False, fields=fields,
                                     tfds_data_dir=model.data_config.get('tfds_data_dir'))
   encoded = data_lib.encode(examples, model.task, model.tokenizer, model.seq_len, path=data_path,
-                            fields=fields)
+                            fields=fields, row_format=model.row_format)
   message = data_lib.describe_truncation(encoded, data_path, model.seq_len)
   if message:
     logging.warning('%s', message)

@@ -125,9 +125,12 @@ def with_pretrained(state: step_lib.TrainState, pretrained: dict[str, Any],
                     where: str) -> step_lib.TrainState:
   """`state` with the pretrained encoder (host arrays) in place of its random one.
 
-  A BERT pooler starts from the pretraining run's sentence-pair pooler when
-  it had one (as Hugging Face does from BertForPreTraining). Each array lands
-  on the sharding of the one it replaces.
+  The head starts where Hugging Face's classifiers start from the same
+  checkpoint: a BERT pooler from the pretrained sentence-pair pooler when
+  there is one (BertForPreTraining's); a ModernBERT head's dense layer and
+  norm from the MLM head's (ModernBertForSequenceClassification's head has
+  the same tensors). The classifier is always fresh. Each array lands on the
+  sharding of the one it replaces.
   """
   params = flax.core.unfreeze(state.params)
   theirs, ours = pretrained['encoder'], params['encoder']
@@ -135,9 +138,14 @@ def with_pretrained(state: step_lib.TrainState, pretrained: dict[str, Any],
     raise checkpoint.CheckpointMismatchError(
         f'the encoder of {where} does not have the layout this model builds from its config.')
   params['encoder'] = _placed_like(ours, theirs)
+  head = params['head']
   pooler = pretrained.get('sentence_pair', {}).get('pooler')
-  if pooler is not None and 'pooler' in params['head']:
-    params['head']['pooler'] = _placed_like(params['head']['pooler'], pooler)
+  if pooler is not None and 'pooler' in head:
+    head['pooler'] = _placed_like(head['pooler'], pooler)
+  mlm_head = pretrained.get('mlm_head', {})
+  for name in ('transform', 'layer_norm'):
+    if name in head and name in mlm_head:
+      head[name] = _placed_like(head[name], mlm_head[name])
   return state.replace(params=params)
 
 

@@ -2,12 +2,15 @@
 
 Writes a Hugging Face model directory from a checkpoint of a training run:
 
-  OUT/config.json             BertConfig (architectures ['BertForMaskedLM']), or
-                              ModernBertConfig (['ModernBertForMaskedLM']) for
-                              config.model.variant='modern'
+  OUT/config.json             the config of config.model.variant's architecture:
+                              BertForMaskedLM, RobertaForMaskedLM or
+                              ModernBertForMaskedLM, with the special-token ids of
+                              the run's tokenizer and vocab_size its table's rows
   OUT/model.safetensors       the weights, vocabulary padding rows dropped
-  OUT/tokenizer.json          the run's sentencepiece model as a tokenizers Unigram
-  OUT/tokenizer_config.json   special tokens; encoding adds [CLS] ... [SEP]
+  OUT/tokenizer.json ...      a sentencepiece tokenizer as a tokenizers Unigram (plus
+                              tokenizer_config.json and tokenizer.model); a Hugging
+                              Face tokenizer (e.g. that of a published checkpoint the
+                              run started from) as its own files, with added words
 
 so that `AutoModelForMaskedLM`, `AutoTokenizer` and `pipeline('fill-mask')`
 load it offline. --step picks a checkpoint (default: the latest);
@@ -23,14 +26,13 @@ import jax
 import numpy as np
 
 from mlm_jax.data import masking
-from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop import hf
 from mlm_jax.training import workdir as workdir_lib
 
 
 def embedding_correction(embedding: np.ndarray, *, select_rate: float, mask_prob: float,
                          random_prob: float, random_weights: np.ndarray,
-                         mask_id: int = tok_lib.MASK_ID) -> np.ndarray:
+                         mask_id: int) -> np.ndarray:
   """E <- (1-r) E + r (p_mask E[MASK] + p_keep E + p_rand Ebar), row by row.
 
   In pre-training, a position holding a token fed the encoder that token's
@@ -59,13 +61,16 @@ def correct_run_embedding(run: workdir_lib.TrainedRun) -> dict:
   counts = None
   if m['random_source'] == 'unigram':
     counts = np.load(os.path.join(run.config['resolved']['data_dir'], 'unigram_counts.npy'))
-  # The distribution the masker drew random tokens from: specials zeroed.
-  weights = masking.replacement_distribution(m['random_source'], vocab, counts)
+  # The distribution the masker drew random tokens from (the tokenizer's ids, specials
+  # zeroed); rows of a larger model vocabulary (ModernBERT's) are never drawn.
+  weights = np.zeros(vocab)
+  weights[:run.tokenizer.vocab_size] = masking.replacement_distribution(
+      m['random_source'], run.tokenizer.vocab_size, counts, run.tokenizer.special_ids())
   table = run.params['encoder']['embeddings']['token']['embedding']
   corrected = table.copy()
   corrected[:vocab] = embedding_correction(
       table[:vocab], select_rate=m['select_rate'], mask_prob=m['mask_prob'],
-      random_prob=m['random_prob'], random_weights=weights)
+      random_prob=m['random_prob'], random_weights=weights, mask_id=run.tokenizer.specials.mask)
   params = jax.tree_util.tree_map(lambda x: x, run.params)  # New dicts, same arrays.
   params['encoder']['embeddings']['token']['embedding'] = corrected
   return params
@@ -78,7 +83,7 @@ def export(workdir: str, out_dir: str, step: int | None = None,
     hf.require(module)  # Fail before any work, naming the extra to install.
   run = workdir_lib.load(workdir, step)
   params = correct_run_embedding(run) if apply_embedding_correction else run.params
-  hf.save_model(out_dir, params, run.model_cfg)
+  hf.save_model(out_dir, params, run.model_cfg, run.tokenizer.specials)
   hf.save_tokenizer(out_dir, run.tokenizer, run.model_cfg.max_position_embeddings,
                     run.model_cfg.variant)
   return run

@@ -1,8 +1,11 @@
 """Hugging Face interop: weights, config and tokenizer in `transformers`' layout.
 
-Variant 'bert' converts to and from `BertForMaskedLM` (below), variant
-'modern' to and from `ModernBertForMaskedLM` (modernbert.py); each is a
-layout.Format, picked by config.model.variant or config.json's model_type.
+Variant 'bert' converts to and from `BertForMaskedLM` and variant 'roberta'
+to and from `RobertaForMaskedLM` (also reading XLM-R's, which has the same
+tensors), both below; variant 'modern' to and from `ModernBertForMaskedLM`
+(modernbert.py). Each is a layout.Format, picked by config.model.variant or
+config.json's model_type. Exports write the architecture of the variant,
+with the special-token ids of the run's tokenizer.
 
 Our parameter tree and a `BertForMaskedLM` state dict hold the same numbers in
 different layouts (shapes: d hidden, N heads, H = d / N, F MLP width, V the
@@ -16,10 +19,17 @@ tokenizer's vocabulary, Vp our padded vocabulary):
   LayerNorm scale / bias                 LayerNorm weight / bias
   mlm_head/output_bias [Vp]              cls.predictions.bias [V]
 
-The MLM decoder is tied to the word embeddings in both, so a file holds no
-`cls.predictions.decoder.*` tensor (what transformers 5 writes too). Exports
-drop the padding rows (HF logits then have exactly V columns); imports pad
-them back with zeros.
+RobertaForMaskedLM has the same tensors under 'roberta.' and 'lm_head.'
+(dense, layer_norm, bias), one token type, and a position table whose first
+padding_idx + 1 rows (padding_idx = its pad id) no real token reads: imports
+drop them, so our table has max_position_embeddings - padding_idx - 1 rows,
+and exports write them back as zeros.
+
+The MLM decoder is tied to the word embeddings in all, so a file holds no
+decoder weight (what transformers 5 writes too). Exports drop the padding
+rows (HF logits then have exactly V columns); imports pad them back with
+zeros. V is the model's vocabulary (config.json's vocab_size), which may
+exceed its tokenizer's ids (ModernBERT's does).
 
 Only numpy is needed to convert; safetensors and tokenizers are imported when
 a file is read or written, and torch never is.
@@ -27,6 +37,7 @@ a file is read or written, and torch never is.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import math
@@ -39,17 +50,18 @@ import ml_collections
 import numpy as np
 
 from mlm_jax import model as model_lib
+from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop import modernbert
 from mlm_jax.interop.layout import Format
 from mlm_jax.interop.layout import Tensor
 from mlm_jax.interop.layout import get_path
 from mlm_jax.interop.layout import set_path
+from mlm_jax.interop.layout import special_token_ids
 
 Params = dict[str, Any]
 INSTALL_HINT = "pip install -e '.[interop]'"
 _SAFETENSORS = 'model.safetensors'
-SENTENCEPIECE_FILE = 'tokenizer.model'
 _SAFETENSORS_INDEX = 'model.safetensors.index.json'
 
 
@@ -64,16 +76,21 @@ def require(module: str):
 # ------------------------------------------------------------------- config
 
 
-def to_hf_config(cfg: model_lib.ModelConfig) -> dict[str, Any]:
-  """Our model shape -> the `config.json` dict of its variant's Hugging Face model."""
-  return _format(cfg).to_config(cfg)
+def to_hf_config(cfg: model_lib.ModelConfig, specials: tok_lib.Specials) -> dict[str, Any]:
+  """Our model shape -> the `config.json` dict of its variant's Hugging Face model.
+
+  `specials`: the run's tokenizer's, whose ids become pad/bos/eos/cls/sep/mask_token_id
+  (RoBERTa's position offset follows its pad id).
+  """
+  return _format(cfg).to_config(cfg, specials)
 
 
-def _to_bert_config(cfg: model_lib.ModelConfig) -> dict[str, Any]:
-  """Our model shape -> a `BertConfig` dict for `config.json`."""
+def _bert_family_config(cfg: model_lib.ModelConfig, specials: tok_lib.Specials,
+                        fmt: Format) -> dict[str, Any]:
+  """Our model shape -> a `BertConfig` (`RobertaConfig`) dict for `config.json`."""
   return {
-      'architectures': ['BertForMaskedLM'],
-      'model_type': 'bert',
+      'architectures': [fmt.architecture],
+      'model_type': fmt.model_type,
       'vocab_size': cfg.vocab_size,
       'hidden_size': cfg.hidden_size,
       'num_hidden_layers': cfg.num_layers,
@@ -82,11 +99,11 @@ def _to_bert_config(cfg: model_lib.ModelConfig) -> dict[str, Any]:
       'hidden_act': 'gelu',  # transformers' 'gelu' is the exact erf GELU, as ours.
       'hidden_dropout_prob': cfg.dropout_rate,
       'attention_probs_dropout_prob': cfg.attention_dropout_rate,
-      'max_position_embeddings': cfg.max_position_embeddings,
+      'max_position_embeddings': cfg.max_position_embeddings + fmt.position_offset(specials.pad),
       'type_vocab_size': cfg.type_vocab_size,
       'initializer_range': cfg.initializer_range,
       'layer_norm_eps': cfg.layer_norm_eps,
-      'pad_token_id': tok_lib.PAD_ID,
+      **special_token_ids(specials),
       'tie_word_embeddings': True,
       'dtype': 'float32',
   }
@@ -94,23 +111,37 @@ def _to_bert_config(cfg: model_lib.ModelConfig) -> dict[str, Any]:
 
 def from_hf_config(hf: dict[str, Any], model: ml_collections.ConfigDict,
                    dtype: Any = jnp.float32) -> model_lib.ModelConfig:
-  """A config.json dict (BERT or ModernBERT, by its model_type) -> our ModelConfig."""
-  model_type = hf.get('model_type', 'bert')
-  formats = {f.model_type: f for f in FORMATS.values()}
-  if model_type not in formats:
-    raise ValueError(f'config.json model_type={model_type!r} is not supported (only '
-                     f'{" or ".join(repr(t) for t in formats)}).')
-  return formats[model_type].from_config(hf, model, dtype)
+  """A config.json dict (by its model_type) -> our ModelConfig.
 
-
-def _from_bert_config(hf: dict[str, Any], model: ml_collections.ConfigDict,
-                      dtype: Any = jnp.float32) -> model_lib.ModelConfig:
-  """A `BertConfig` dict -> our ModelConfig; refuses what our encoder does not compute.
-
-  The shape and the numbers of the saved model come from `hf` (Hugging
-  Face's own defaults where it leaves a key out); how we run it (attention
-  kernel, scan, remat, DropToken) from `model`, a config.model section.
+  The shape and the numbers of the saved model come from `hf`
+  (checkpoint_fields); how we run it (attention kernel, scan, remat,
+  DropToken) from `model`, a config.model section.
   """
+  fields = checkpoint_fields(hf)
+  vocab_size = fields.pop('vocab_size')
+  if fields['variant'] == 'modern':
+    fields['scan_layers'] = False  # Its layers differ; never scanned (model/config.py).
+  return model_lib.ModelConfig.from_config(model, vocab_size, tok_lib.padded_vocab_size(vocab_size),
+                                           dtype, **fields)
+
+
+def checkpoint_fields(hf: dict[str, Any]) -> dict[str, Any]:
+  """The config.model fields a config.json decides (see checkpoint_model_fields)."""
+  return format_of(hf).fields(hf)
+
+
+def format_of(hf: dict[str, Any]) -> Format:
+  """The Format of a config.json dict, by its model_type; ValueError naming the supported ones."""
+  model_type = hf.get('model_type', 'bert')
+  if model_type not in _BY_MODEL_TYPE:
+    raise ValueError(f'config.json model_type={model_type!r} is not supported (only '
+                     f'{", ".join(repr(t) for t in _BY_MODEL_TYPE)}).')
+  return _BY_MODEL_TYPE[model_type]
+
+
+def _bert_family_fields(hf: dict[str, Any], fmt: Format) -> dict[str, Any]:
+  """A `BertConfig` (`RobertaConfig`) dict -> the ModelConfig fields it decides; refuses what
+  our encoder does not compute. transformers' defaults where it leaves a key out."""
   unsupported = {
       'hidden_act': (hf.get('hidden_act', 'gelu'), ('gelu',)),
       'position_embedding_type': (hf.get('position_embedding_type', 'absolute'), ('absolute',)),
@@ -119,32 +150,61 @@ def _from_bert_config(hf: dict[str, Any], model: ml_collections.ConfigDict,
   }
   for key, (value, allowed) in unsupported.items():
     if value not in allowed:
-      raise ValueError(f'BERT config {key}={value!r} is not supported (only {allowed[0]!r}).')
-  return model_lib.ModelConfig(
-      vocab_size=hf['vocab_size'],
-      padded_vocab_size=tok_lib.padded_vocab_size(hf['vocab_size']),
-      attention=model.attention, scan_layers=model.scan_layers, remat=model.remat,
-      drop_token_rate=model.drop_token_rate,
-      num_layers=hf['num_hidden_layers'],
-      hidden_size=hf['hidden_size'],
-      num_heads=hf['num_attention_heads'],
-      intermediate_size=hf['intermediate_size'],
-      max_position_embeddings=hf['max_position_embeddings'],
-      type_vocab_size=hf.get('type_vocab_size', 2),
-      dropout_rate=hf.get('hidden_dropout_prob', 0.1),
-      attention_dropout_rate=hf.get('attention_probs_dropout_prob', 0.1),
-      initializer_range=hf.get('initializer_range', 0.02),
-      layer_norm_eps=hf.get('layer_norm_eps', 1e-12),
-      variant='bert', global_attn_every_n_layers=model.global_attn_every_n_layers,
-      local_attention=model.local_attention, global_rope_theta=model.global_rope_theta,
-      local_rope_theta=model.local_rope_theta,  # Unused by this variant.
-      dtype=dtype)
+      raise ValueError(f'{fmt.name} config {key}={value!r} is not supported (only {allowed[0]!r}).')
+  offset = fmt.position_offset(hf.get('pad_token_id'))
+  positions = hf.get('max_position_embeddings', 512) - offset
+  if positions < 1:
+    raise ValueError(f"{fmt.name} config max_position_embeddings={hf['max_position_embeddings']} "
+                     f"leaves no positions after the {offset} rows before padding_idx + 1.")
+  return {
+      'variant': fmt.variant,
+      'vocab_size': hf['vocab_size'],
+      'num_layers': hf['num_hidden_layers'],
+      'hidden_size': hf['hidden_size'],
+      'num_heads': hf['num_attention_heads'],
+      'intermediate_size': hf['intermediate_size'],
+      'max_position_embeddings': positions,
+      'type_vocab_size': hf.get('type_vocab_size', 2),
+      'dropout_rate': hf.get('hidden_dropout_prob', 0.1),
+      'attention_dropout_rate': hf.get('attention_probs_dropout_prob', 0.1),
+      'initializer_range': hf.get('initializer_range', 0.02),
+      'layer_norm_eps': hf.get('layer_norm_eps', 1e-12),
+  }
+
+
+def read_hf_config(hf_dir: str) -> dict[str, Any]:
+  """config.json of a model directory; ValueError if there is none."""
+  path = os.path.join(hf_dir, 'config.json')
+  if not os.path.isfile(path):
+    raise ValueError(f'{hf_dir} has no config.json: not a Hugging Face model directory.')
+  with open(path) as f:
+    return json.load(f)
 
 
 def load_hf_config(hf_dir: str, model: ml_collections.ConfigDict,
                    dtype: Any = jnp.float32) -> model_lib.ModelConfig:
-  with open(os.path.join(hf_dir, 'config.json')) as f:
-    return from_hf_config(json.load(f), model, dtype)
+  return from_hf_config(read_hf_config(hf_dir), model, dtype)
+
+
+def checkpoint_model_fields(hf_dir: str) -> dict[str, Any]:
+  """The config.model fields the checkpoint in `hf_dir` decides.
+
+  variant, vocab_size (its embedding rows, which may exceed its tokenizer's
+  ids), num_layers, hidden_size, num_heads, intermediate_size,
+  max_position_embeddings (our table's rows: RoBERTa's offset rows left
+  out), type_vocab_size (not for 'modern'), dropout_rate,
+  attention_dropout_rate, initializer_range, layer_norm_eps and, for
+  'modern', global_attn_every_n_layers, local_attention, global_rope_theta,
+  local_rope_theta. Raises ValueError (one line) for a missing config.json,
+  an unsupported model_type or setting, or weights not in safetensors.
+  """
+  hf = read_hf_config(hf_dir)
+  fields = checkpoint_fields(hf)
+  try:
+    _weight_files(hf_dir)
+  except FileNotFoundError as e:
+    raise ValueError(str(e)) from e
+  return fields
 
 
 # ------------------------------------------------------------------ weights
@@ -153,8 +213,26 @@ def load_hf_config(hf_dir: str, model: ml_collections.ConfigDict,
 _VOCAB_PATHS = (('encoder', 'embeddings', 'token', 'embedding'), ('mlm_head', 'output_bias'))
 
 
-def _bert_layout(cfg: model_lib.ModelConfig) -> list[Tensor]:
-  """Every tensor of BertForMaskedLM, in the state dict's order."""
+@dataclasses.dataclass(frozen=True)
+class _BertNames:
+  """Where BertForMaskedLM and RobertaForMaskedLM differ: the prefixes of their tensors."""
+  encoder: str       # 'bert' / 'roberta'
+  transform: str     # The head's dense layer.
+  head_norm: str     # The head's LayerNorm.
+  bias: str          # The output bias.
+  decoder: str       # The tied decoder weight (absent from transformers 5 files).
+
+
+_BERT_NAMES = _BertNames('bert', 'cls.predictions.transform.dense',
+                         'cls.predictions.transform.LayerNorm', 'cls.predictions.bias',
+                         'cls.predictions.decoder')
+_ROBERTA_NAMES = _BertNames('roberta', 'lm_head.dense', 'lm_head.layer_norm', 'lm_head.bias',
+                            'lm_head.decoder')
+
+
+def _bert_family_layout(cfg: model_lib.ModelConfig, position_offset: int,
+                        names: _BertNames) -> list[Tensor]:
+  """Every tensor of BertForMaskedLM (RobertaForMaskedLM), in the state dict's order."""
   d, n, f, v = cfg.hidden_size, cfg.num_heads, cfg.intermediate_size, cfg.vocab_size
   h = d // n
 
@@ -171,15 +249,16 @@ def _bert_layout(cfg: model_lib.ModelConfig) -> list[Tensor]:
                    (*in_shape, *out_shape), transpose=True),
             Tensor(f'{hf_name}.bias', (*path, 'bias'), (fan_out,), out_shape)]
 
-  emb = ('encoder', 'embeddings')
-  out = [*plain('bert.embeddings.word_embeddings.weight', (*emb, 'token', 'embedding'), (v, d)),
-         *plain('bert.embeddings.position_embeddings.weight', (*emb, 'position', 'embedding'),
-                (cfg.max_position_embeddings, d)),
-         *plain('bert.embeddings.token_type_embeddings.weight', (*emb, 'segment', 'embedding'),
+  emb, p = ('encoder', 'embeddings'), f'{names.encoder}.embeddings'
+  positions = cfg.max_position_embeddings
+  out = [*plain(f'{p}.word_embeddings.weight', (*emb, 'token', 'embedding'), (v, d)),
+         Tensor(f'{p}.position_embeddings.weight', (*emb, 'position', 'embedding'),
+                (positions + position_offset, d), (positions, d), offset_rows=position_offset),
+         *plain(f'{p}.token_type_embeddings.weight', (*emb, 'segment', 'embedding'),
                 (cfg.type_vocab_size, d)),
-         *layer_norm('bert.embeddings.LayerNorm', (*emb, 'layer_norm'))]
+         *layer_norm(f'{p}.LayerNorm', (*emb, 'layer_norm'))]
   for i in range(cfg.num_layers):
-    hf, ours = f'bert.encoder.layer.{i}', ('encoder', f'layer_{i}')
+    hf, ours = f'{names.encoder}.encoder.layer.{i}', ('encoder', f'layer_{i}')
     for name in ('query', 'key', 'value'):
       out += dense(f'{hf}.attention.self.{name}', (*ours, 'attention', name), (d,), (n, h))
     out += dense(f'{hf}.attention.output.dense', (*ours, 'attention', 'out'), (n, h), (d,))
@@ -187,21 +266,25 @@ def _bert_layout(cfg: model_lib.ModelConfig) -> list[Tensor]:
     out += dense(f'{hf}.intermediate.dense', (*ours, 'intermediate'), (d,), (f,))
     out += dense(f'{hf}.output.dense', (*ours, 'output'), (f,), (d,))
     out += layer_norm(f'{hf}.output.LayerNorm', (*ours, 'output_layer_norm'))
-  out += dense('cls.predictions.transform.dense', ('mlm_head', 'transform'), (d,), (d,))
-  out += layer_norm('cls.predictions.transform.LayerNorm', ('mlm_head', 'layer_norm'))
-  out += plain('cls.predictions.bias', ('mlm_head', 'output_bias'), (v,))
+  out += dense(names.transform, ('mlm_head', 'transform'), (d,), (d,))
+  out += layer_norm(names.head_norm, ('mlm_head', 'layer_norm'))
+  out += plain(names.bias, ('mlm_head', 'output_bias'), (v,))
   return out
 
 
-def to_hf_state_dict(params: Params, cfg: model_lib.ModelConfig) -> dict[str, np.ndarray]:
-  """Our params -> BertForMaskedLM (ModernBertForMaskedLM) tensors, float32, padding rows dropped.
+def to_hf_state_dict(params: Params, cfg: model_lib.ModelConfig,
+                     pad_id: int | None = None) -> dict[str, np.ndarray]:
+  """Our params -> the variant's ...ForMaskedLM tensors, float32, padding rows dropped.
 
-  A sentence-pair head (NSP/SOP) has no place in either and is left out.
+  `pad_id`: the tokenizer's pad id, which places RoBERTa's positions (None:
+  RoBERTa's own, 1). A sentence-pair head (NSP/SOP) has no place in any of
+  them and is left out.
   """
   if cfg.scan_layers:
     params = model_lib.unstack_layers(params, cfg.num_layers)
+  fmt = _format(cfg)
   out = {}
-  for t in _format(cfg).layout(cfg):
+  for t in fmt.layout(cfg, fmt.position_offset(pad_id)):
     x = np.asarray(jax.device_get(get_path(params, t.path)), np.float32)
     if t.path in _VOCAB_PATHS:
       x = x[:cfg.vocab_size]
@@ -210,12 +293,14 @@ def to_hf_state_dict(params: Params, cfg: model_lib.ModelConfig) -> dict[str, np
 
 
 def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: model_lib.ModelConfig,
-                       fallback_params: Params | None = None, source: str = 'state dict') -> Params:
-  """BertForMaskedLM (or BertModel) tensors -> our params, shapes checked against `cfg`.
+                       fallback_params: Params | None = None, source: str = 'state dict',
+                       pad_id: int | None = None) -> Params:
+  """The variant's ...ForMaskedLM (or base model) tensors -> our params, shapes checked.
 
-  ModernBertForMaskedLM (ModernBertModel) tensors for variant 'modern'.
-  Base-model weights (BertModel: names without 'bert.'; ModernBertModel:
-  without 'model.'; no MLM head) take the MLM head from `fallback_params`.
+  Base-model weights (BertModel: names without 'bert.'; RobertaModel: without
+  'roberta.'; ModernBertModel: without 'model.'; no MLM head) take the MLM
+  head from `fallback_params`. `pad_id`: the checkpoint's pad_token_id,
+  which places RoBERTa's positions (None: RoBERTa's own, 1).
   """
   fmt = _format(cfg)
   tensors = fmt.canonical_names(tensors)
@@ -223,7 +308,7 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: model_lib.ModelConfi
   if fallback_params is not None and cfg.scan_layers:
     fallback_params = model_lib.unstack_layers(fallback_params, cfg.num_layers)
   params: Params = {}
-  for t in fmt.layout(cfg):
+  for t in fmt.layout(cfg, fmt.position_offset(pad_id)):
     x = tensors.get(t.hf_name)
     if x is None and t.path[0] == 'mlm_head' and not has_head:
       if fallback_params is None:
@@ -257,96 +342,123 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: model_lib.ModelConfi
   return model_lib.stack_layers(params, cfg.num_layers) if cfg.scan_layers else params
 
 
-def _bert_canonical_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """BertForMaskedLM names; BertModel's lack 'bert.', old files say gamma/beta.
+def _bert_family_canonical_names(tensors: dict[str, np.ndarray],
+                                 names: _BertNames) -> dict[str, np.ndarray]:
+  """BertForMaskedLM (RobertaForMaskedLM) names; the base model's lack the encoder prefix,
+  old files say gamma/beta and may hold the output bias as the decoder's.
 
-  Tensors without a counterpart here (pooler, next-sentence head) are never looked up.
+  Tensors without a counterpart here (pooler, next-sentence head, position_ids buffers) are
+  never looked up.
   """
   bare = 'embeddings.word_embeddings.weight' in tensors
   out = {}
   for name, x in tensors.items():
-    if bare and not name.startswith('cls.'):
-      name = 'bert.' + name
+    if bare and name.startswith(('embeddings.', 'encoder.', 'pooler.')):
+      name = f'{names.encoder}.{name}'
     if name.endswith('.gamma') or name.endswith('.beta'):
       name = name.rsplit('.', 1)[0] + ('.weight' if name.endswith('.gamma') else '.bias')
     out[name] = x
-  if 'cls.predictions.bias' not in out and 'cls.predictions.decoder.bias' in out:
-    out['cls.predictions.bias'] = out['cls.predictions.decoder.bias']
+  if names.bias not in out and f'{names.decoder}.bias' in out:
+    out[names.bias] = out[f'{names.decoder}.bias']
   return out
 
 
-BERT = Format(
-    name='BERT', variant='bert', model_type='bert', architecture='BertForMaskedLM',
-    base_model='BertModel', layout=_bert_layout, canonical_names=_bert_canonical_names,
-    head_tensor='cls.predictions.transform.dense.weight',
-    embedding_tensor='bert.embeddings.word_embeddings.weight',
-    decoder_tensor='cls.predictions.decoder.weight', to_config=_to_bert_config,
-    from_config=_from_bert_config, input_names=('input_ids', 'token_type_ids', 'attention_mask'))
+def _bert_format(name: str, cls: str, variant: str, model_type: str, names: _BertNames,
+                 input_names: tuple[str, ...], **kwargs) -> Format:
+  """The Format of a BERT-encoder checkpoint (cls: 'Bert' -> BertForMaskedLM, BertModel)."""
+  return Format(
+      name=name, variant=variant, model_type=model_type, architecture=f'{cls}ForMaskedLM',
+      base_model=f'{cls}Model',
+      layout=lambda cfg, offset=0: _bert_family_layout(cfg, offset, names),
+      canonical_names=lambda tensors: _bert_family_canonical_names(tensors, names),
+      head_tensor=f'{names.transform}.weight',
+      embedding_tensor=f'{names.encoder}.embeddings.word_embeddings.weight',
+      decoder_tensor=f'{names.decoder}.weight',
+      # Looked up when called: the Format itself, once FORMATS holds it.
+      to_config=lambda cfg, specials: _bert_family_config(cfg, specials, FORMATS[variant]),
+      fields=lambda hf: _bert_family_fields(hf, FORMATS[variant]),
+      input_names=input_names, **kwargs)
+
+
+BERT = _bert_format('BERT', 'Bert', 'bert', 'bert', _BERT_NAMES,
+                    ('input_ids', 'token_type_ids', 'attention_mask'))
+# RoBERTa's position ids start after padding_idx (its pad id): rows 0..pad_id
+# are never read by real tokens. XLM-R's checkpoints have the same tensors and config.
+ROBERTA = _bert_format('RoBERTa', 'Roberta', 'roberta', 'roberta', _ROBERTA_NAMES,
+                       ('input_ids', 'attention_mask'), also_reads=('xlm-roberta',),
+                       position_offset=lambda pad_id: (1 if pad_id is None else pad_id) + 1)
 # By config.model.variant.
-FORMATS = {f.variant: f for f in (BERT, modernbert.FORMAT)}
+FORMATS = {f.variant: f for f in (BERT, ROBERTA, modernbert.FORMAT)}
+_BY_MODEL_TYPE = {t: f for f in FORMATS.values() for t in f.model_types}
 
 
 def _format(cfg: model_lib.ModelConfig) -> Format:
   return FORMATS[cfg.variant]
 
 
+def _weight_files(hf_dir: str) -> list[str]:
+  """The safetensors file(s) of a model directory; pickle-only ones are refused (ValueError)."""
+  single, index = os.path.join(hf_dir, _SAFETENSORS), os.path.join(hf_dir, _SAFETENSORS_INDEX)
+  if os.path.exists(single):
+    return [single]
+  if os.path.exists(index):
+    with open(index) as f:
+      return [os.path.join(hf_dir, shard)
+              for shard in sorted(set(json.load(f)['weight_map'].values()))]
+  pickles = [p for p in ('pytorch_model.bin', 'pytorch_model.bin.index.json')
+             if os.path.exists(os.path.join(hf_dir, p))]
+  if pickles:
+    raise ValueError(
+        f'{hf_dir} holds {pickles[0]} but no {_SAFETENSORS}. Pickle files can execute '
+        'arbitrary code when they are loaded, so only safetensors are read. Convert it once, '
+        'in an environment you trust with that file: python -c "from transformers import '
+        f"AutoModelForMaskedLM as M; M.from_pretrained('{hf_dir}').save_pretrained('OUT_DIR')\" "
+        '(transformers writes model.safetensors).')
+  raise FileNotFoundError(f'{hf_dir} has no {_SAFETENSORS}.')
+
+
 def read_safetensors(hf_dir: str) -> dict[str, np.ndarray]:
   """All tensors of a model directory's safetensors file(s); pickle files are refused."""
-  single, index = os.path.join(hf_dir, _SAFETENSORS), os.path.join(hf_dir, _SAFETENSORS_INDEX)
-  if not (os.path.exists(single) or os.path.exists(index)):
-    pickles = [p for p in ('pytorch_model.bin', 'pytorch_model.bin.index.json')
-               if os.path.exists(os.path.join(hf_dir, p))]
-    if pickles:
-      raise ValueError(
-          f'{hf_dir} holds {pickles[0]} but no {_SAFETENSORS}. Pickle files can execute '
-          'arbitrary code when they are loaded, so only safetensors are read. Convert it once, '
-          'in an environment you trust with that file: python -c "from transformers import '
-          f"AutoModelForMaskedLM as M; M.from_pretrained('{hf_dir}').save_pretrained('OUT_DIR')\" "
-          '(transformers writes model.safetensors).')
-    raise FileNotFoundError(f'{hf_dir} has no {_SAFETENSORS}.')
+  files = _weight_files(hf_dir)
   numpy_io = require('safetensors.numpy')
-  if os.path.exists(single):
-    return numpy_io.load_file(single)
-  with open(index) as f:
-    shards = sorted(set(json.load(f)['weight_map'].values()))
   tensors = {}
-  for shard in shards:
-    tensors.update(numpy_io.load_file(os.path.join(hf_dir, shard)))
+  for path in files:
+    tensors.update(numpy_io.load_file(path))
   return tensors
 
 
 def load_hf_params(hf_dir: str, model_cfg: model_lib.ModelConfig,
                    fallback_params: Params | None = None) -> Params:
-  """Reads a Hugging Face BERT or ModernBERT directory (safetensors only) into our params (numpy).
+  """Reads a Hugging Face model directory (safetensors only) into our params (numpy).
 
-  Its config.json, where there is one, must name the model type of
-  `model_cfg.variant`.
+  Its config.json, where there is one, must name a model type of
+  `model_cfg.variant`'s format; its pad_token_id places RoBERTa's positions.
   """
-  fmt, config_path = _format(model_cfg), os.path.join(hf_dir, 'config.json')
-  if os.path.exists(config_path):
-    with open(config_path) as f:
-      model_type = json.load(f).get('model_type', 'bert')
-    if model_type != fmt.model_type:
+  fmt, pad_id = _format(model_cfg), None
+  if os.path.exists(os.path.join(hf_dir, 'config.json')):
+    hf = read_hf_config(hf_dir)
+    model_type = hf.get('model_type', 'bert')
+    if model_type not in fmt.model_types:
       raise ValueError(f'{hf_dir} holds a {model_type!r} model, but '
-                       f'config.model.variant={model_cfg.variant!r} loads {fmt.model_type!r} '
-                       'models only.')
-  return from_hf_state_dict(read_safetensors(hf_dir), model_cfg, fallback_params, source=hf_dir)
+                       f'config.model.variant={model_cfg.variant!r} loads '
+                       f'{" or ".join(repr(t) for t in fmt.model_types)} models only.')
+    pad_id = hf.get('pad_token_id')
+  return from_hf_state_dict(read_safetensors(hf_dir), model_cfg, fallback_params, source=hf_dir,
+                            pad_id=pad_id)
 
 
 def init_from_hf(state: Any, hf_dir: str, model_cfg: model_lib.ModelConfig) -> Any:
-  """Returns `state` with its params replaced by the BERT (ModernBERT) weights in `hf_dir`.
+  """Returns `state` with its params replaced by the weights in `hf_dir`.
 
-  Contract (for `config.init.hf_dir`):
+  Contract:
   - Call it on a freshly created train state, before any checkpoint is
     restored, and only when the run starts from step 0: a run that resumes
     continues from its own checkpoint, never from `hf_dir` again.
   - `model_cfg` must have the shapes of the weights (vocab_size, layers,
     widths, positions, segments); every mismatching tensor is named in a
-    ValueError. The ids must mean the same tokens as the run's tokenizer:
-    use a directory exported by `mlm_jax.export` from a run on the same data
-    dir. This is not checked.
-  - BertModel (ModernBertModel) weights, without an MLM head, keep the head of
-    `state.params`.
+    ValueError. The ids must mean the same tokens as the run's tokenizer
+    (the checkpoint's own tokenizer files). This is not checked.
+  - Base-model weights, without an MLM head, keep the head of `state.params`.
   - The optimizer state is left as created (zero moments, step 0); new
     params are placed on the shardings of the params they replace.
   - Raises FileNotFoundError/ValueError for a missing or pickle-only
@@ -358,25 +470,28 @@ def init_from_hf(state: Any, hf_dir: str, model_cfg: model_lib.ModelConfig) -> A
   return state.replace(params=params)
 
 
-def save_model(out_dir: str, params: Params, cfg: model_lib.ModelConfig) -> None:
+def save_model(out_dir: str, params: Params, cfg: model_lib.ModelConfig,
+               specials: tok_lib.Specials) -> None:
   """Writes config.json and model.safetensors that `AutoModelForMaskedLM.from_pretrained` loads.
 
-  As a BertForMaskedLM or a ModernBertForMaskedLM, by cfg.variant.
+  As the variant's BertForMaskedLM, RobertaForMaskedLM or ModernBertForMaskedLM, with
+  config vocab_size = cfg.vocab_size rows and `specials`' ids (the run's tokenizer's).
   """
   numpy_io = require('safetensors.numpy')
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, 'config.json'), 'w') as f:
-    json.dump(to_hf_config(cfg), f, indent=2)
+    json.dump(to_hf_config(cfg, specials), f, indent=2)
   # transformers refuses safetensors files without format metadata.
-  numpy_io.save_file(to_hf_state_dict(params, cfg), os.path.join(out_dir, _SAFETENSORS),
-                     metadata={'format': 'pt'})
+  numpy_io.save_file(to_hf_state_dict(params, cfg, specials.pad),
+                     os.path.join(out_dir, _SAFETENSORS), metadata={'format': 'pt'})
 
 
 # ---------------------------------------------------------------- tokenizer
 
 
-def hf_tokenizer(tokenizer: tok_lib.Tokenizer):
-  """Our sentencepiece unigram model as a `tokenizers.Tokenizer` giving the same ids.
+def hf_tokenizer(tokenizer: sp_tokenizer.SentencePieceTokenizer):
+  """Our sentencepiece unigram model (a SentencePieceTokenizer) as a `tokenizers.Tokenizer`
+  giving the same ids, its special tokens those of `tokenizer.specials`.
 
   Sentencepiece normalises the whole text (charsmap, then whitespace: strip,
   collapse runs, a leading '▁', spaces as '▁') and runs one Viterbi over it in
@@ -422,37 +537,61 @@ def hf_tokenizer(tokenizer: tok_lib.Tokenizer):
   d = tk.decoders
   out.decoder = d.Sequence(
       [d.Replace('\u2581', ' '), d.ByteFallback(), d.Fuse(), d.Strip(' ', 1, 0)])
-  cls, sep = tok_lib.SPECIAL_TOKENS[tok_lib.CLS_ID], tok_lib.SPECIAL_TOKENS[tok_lib.SEP_ID]
+  specials = tokenizer.specials
+  cls, sep = specials.token('cls'), specials.token('sep')
   out.post_processor = tk.processors.TemplateProcessing(
       single=f'{cls}:0 $A:0 {sep}:0', pair=f'{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1',
-      special_tokens=[(cls, tok_lib.CLS_ID), (sep, tok_lib.SEP_ID)])
+      special_tokens=[(cls, specials.cls), (sep, specials.sep)])
   out.add_special_tokens([tk.AddedToken(t, special=True, normalized=False)
-                          for t in tok_lib.SPECIAL_TOKENS])
+                          for t in specials.tokens])
   out.encode_special_tokens = True
   return out
 
 
 def save_tokenizer(out_dir: str, tokenizer: tok_lib.Tokenizer, model_max_length: int,
                    variant: str = 'bert') -> None:
-  """Writes tokenizer.json and tokenizer_config.json for `AutoTokenizer.from_pretrained`.
+  """Writes the tokenizer files `AutoTokenizer.from_pretrained(out_dir)` loads, giving our ids.
 
-  `variant`: the model it encodes for (ModernBERT takes no token_type_ids).
+  A sentencepiece tokenizer: tokenizer.json (hf_tokenizer), tokenizer_config.json and the
+  sentencepiece model itself. A Hugging Face one (HFTokenizer): its own files, byte for byte
+  as it read them (with the tokens add_tokens added); tokenizer_config.json is rewritten only
+  to add model_max_length where it has none, and model_input_names where the tokenizer class
+  is the generic one (whose default names include token_type_ids) and the model takes none. `variant`: the model it
+  encodes for (RoBERTa and ModernBERT take no token_type_ids).
   """
   os.makedirs(out_dir, exist_ok=True)
+  input_names = list(FORMATS[variant].input_names)
+  if not isinstance(tokenizer, sp_tokenizer.SentencePieceTokenizer):  # Its own files.
+    tokenizer.save(out_dir)
+    path = os.path.join(out_dir, 'tokenizer_config.json')
+    config = {}
+    if os.path.exists(path):
+      with open(path) as f:
+        config = json.load(f)
+    missing = {'model_max_length': model_max_length}
+    # The generic class's default input names include token_type_ids; a model's own
+    # tokenizer class (RobertaTokenizer, ...) knows its names.
+    generic = config.get('tokenizer_class', 'PreTrainedTokenizerFast') == 'PreTrainedTokenizerFast'
+    if generic and 'token_type_ids' not in input_names:
+      missing['model_input_names'] = input_names
+    missing = {k: v for k, v in missing.items() if k not in config}
+    if missing:
+      with open(path, 'w') as f:
+        json.dump({**config, **missing}, f, indent=2)
+    return
   hf_tokenizer(tokenizer).save(os.path.join(out_dir, 'tokenizer.json'))
   # The sentencepiece model itself: a later run started from this directory
   # (config.init.hf_dir) tokenizes its corpus with exactly this vocabulary.
-  with open(os.path.join(out_dir, SENTENCEPIECE_FILE), 'wb') as f:
-    f.write(tokenizer.model_proto)
-  names = ('pad_token', 'unk_token', 'cls_token', 'sep_token', 'mask_token')
+  tokenizer.save(out_dir)
+  names = [f'{role}_token' for role in tok_lib.ROLES]
   config = {
       'tokenizer_class': 'PreTrainedTokenizerFast',
-      **dict(zip(names, tok_lib.SPECIAL_TOKENS)),
+      **dict(zip(names, tokenizer.specials.tokens)),
       # A literal [MASK] in text is found by the unigram model, as in
       # sentencepiece, not cut out of the text before normalisation.
       'split_special_tokens': True,
       'model_max_length': model_max_length,
-      'model_input_names': list(FORMATS[variant].input_names),
+      'model_input_names': input_names,
       'clean_up_tokenization_spaces': False,
   }
   with open(os.path.join(out_dir, 'tokenizer_config.json'), 'w') as f:

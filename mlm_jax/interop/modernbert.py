@@ -29,14 +29,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop.layout import Format
 from mlm_jax.interop.layout import Tensor
+from mlm_jax.interop.layout import special_token_ids
 from mlm_jax.model import modern
 
 _FULL, _SLIDING = 'full_attention', 'sliding_attention'
@@ -44,8 +43,9 @@ _FULL, _SLIDING = 'full_attention', 'sliding_attention'
 _DEFAULT_EVERY_N, _DEFAULT_THETAS = 3, (160_000.0, 10_000.0)
 
 
-def layout(cfg: model_lib.ModelConfig) -> list[Tensor]:
-  """Every tensor of ModernBertForMaskedLM, in the state dict's order."""
+def layout(cfg: model_lib.ModelConfig, position_offset: int = 0) -> list[Tensor]:
+  """Every tensor of ModernBertForMaskedLM, in the state dict's order (no position table)."""
+  del position_offset  # Rotary positions: no table to offset.
   d, n, f, v = cfg.hidden_size, cfg.num_heads, cfg.intermediate_size, cfg.vocab_size
   h = d // n
 
@@ -85,8 +85,8 @@ def canonical_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
           for name, x in tensors.items()}
 
 
-def to_hf_config(cfg: model_lib.ModelConfig) -> dict[str, Any]:
-  """Our model shape -> a `ModernBertConfig` dict for `config.json`."""
+def to_hf_config(cfg: model_lib.ModelConfig, specials: tok_lib.Specials) -> dict[str, Any]:
+  """Our model shape -> a `ModernBertConfig` dict for `config.json`, with `specials`' ids."""
   layer_types = [_FULL if modern.is_global(cfg, i) else _SLIDING for i in range(cfg.num_layers)]
   return {
       'architectures': ['ModernBertForMaskedLM'],
@@ -116,9 +116,7 @@ def to_hf_config(cfg: model_lib.ModelConfig) -> dict[str, Any]:
       'rope_parameters': {
           _FULL: {'rope_type': 'default', 'rope_theta': cfg.global_rope_theta},
           _SLIDING: {'rope_type': 'default', 'rope_theta': cfg.local_rope_theta}},
-      'pad_token_id': tok_lib.PAD_ID,
-      'bos_token_id': tok_lib.CLS_ID, 'cls_token_id': tok_lib.CLS_ID,
-      'eos_token_id': tok_lib.SEP_ID, 'sep_token_id': tok_lib.SEP_ID,
+      **special_token_ids(specials),
       'tie_word_embeddings': True,
       'dtype': 'float32',
   }
@@ -154,14 +152,9 @@ def _rope_thetas(hf: dict[str, Any]) -> tuple[float, float]:
   return float(global_theta), float(global_theta if local_theta is None else local_theta)
 
 
-def from_hf_config(hf: dict[str, Any], model: ml_collections.ConfigDict,
-                   dtype: Any = jnp.float32) -> model_lib.ModelConfig:
-  """A `ModernBertConfig` dict -> our ModelConfig; refuses what our encoder does not compute.
-
-  The shape and numbers come from `hf` (transformers' defaults where it
-  leaves a key out); how we run it (attention kernel, remat, DropToken) from
-  `model`, a config.model section.
-  """
+def checkpoint_fields(hf: dict[str, Any]) -> dict[str, Any]:
+  """A `ModernBertConfig` dict -> the ModelConfig fields it decides (transformers' defaults
+  where it leaves a key out); ValueError for what our encoder does not compute."""
   expected = {'hidden_activation': 'gelu', 'classifier_activation': 'gelu', 'norm_bias': False,
               'attention_bias': False, 'mlp_bias': False, 'classifier_bias': False,
               'decoder_bias': True, 'tie_word_embeddings': True}
@@ -173,27 +166,23 @@ def from_hf_config(hf: dict[str, Any], model: ml_collections.ConfigDict,
     raise ValueError(f"ModernBERT config embedding_dropout={hf['embedding_dropout']} differs from "
                      f'mlp_dropout={dropout}; config.model.dropout_rate is both.')
   global_theta, local_theta = _rope_thetas(hf)
-  return model_lib.ModelConfig(
-      vocab_size=hf['vocab_size'],
-      padded_vocab_size=tok_lib.padded_vocab_size(hf['vocab_size']),
-      attention=model.attention, scan_layers=False, remat=model.remat,
-      drop_token_rate=model.drop_token_rate,
-      num_layers=hf['num_hidden_layers'],
-      hidden_size=hf['hidden_size'],
-      num_heads=hf['num_attention_heads'],
-      intermediate_size=hf['intermediate_size'],
-      max_position_embeddings=hf.get('max_position_embeddings', 8192),
-      type_vocab_size=model.type_vocab_size,  # Unused by this variant.
-      dropout_rate=dropout,
-      attention_dropout_rate=hf.get('attention_dropout', 0.0),
-      initializer_range=hf.get('initializer_range', 0.02),
-      layer_norm_eps=hf.get('norm_eps', 1e-5),
-      variant='modern',
-      global_attn_every_n_layers=_every_n_layers(hf),
-      local_attention=hf.get('local_attention', 128),
-      global_rope_theta=global_theta,
-      local_rope_theta=local_theta,
-      dtype=dtype)
+  return {
+      'variant': 'modern',
+      'vocab_size': hf['vocab_size'],
+      'num_layers': hf['num_hidden_layers'],
+      'hidden_size': hf['hidden_size'],
+      'num_heads': hf['num_attention_heads'],
+      'intermediate_size': hf['intermediate_size'],
+      'max_position_embeddings': hf.get('max_position_embeddings', 8192),
+      'dropout_rate': dropout,
+      'attention_dropout_rate': hf.get('attention_dropout', 0.0),
+      'initializer_range': hf.get('initializer_range', 0.02),
+      'layer_norm_eps': hf.get('norm_eps', 1e-5),
+      'global_attn_every_n_layers': _every_n_layers(hf),
+      'local_attention': hf.get('local_attention', 128),
+      'global_rope_theta': global_theta,
+      'local_rope_theta': local_theta,
+  }
 
 
 FORMAT = Format(
@@ -201,5 +190,5 @@ FORMAT = Format(
     architecture='ModernBertForMaskedLM', base_model='ModernBertModel', layout=layout,
     canonical_names=canonical_names, head_tensor='head.dense.weight',
     embedding_tensor='model.embeddings.tok_embeddings.weight', decoder_tensor='decoder.weight',
-    to_config=to_hf_config, from_config=from_hf_config,
+    to_config=to_hf_config, fields=checkpoint_fields,
     input_names=('input_ids', 'attention_mask'))

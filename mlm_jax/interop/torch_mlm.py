@@ -1,8 +1,10 @@
 """Hugging Face's masked LM of a config, in PyTorch, trained the way our step trains.
 
 The config's variant picks the model (`BertForMaskedLM` for 'bert',
-`ModernBertForMaskedLM` for 'modern'), built from our shape with the padded
-vocabulary, so both project onto the same V rows, and initialised by
+`RobertaForMaskedLM` for 'roberta', `ModernBertForMaskedLM` for 'modern'),
+built from our shape with the padded vocabulary and the special ids of the
+run's tokenizer (RoBERTa numbers positions from its pad id), so both project
+onto the same V rows and read the same positions, and initialised by
 transformers' own rules. Our batches become its inputs (labels -100 except at
 our masked slots), and torch AdamW gets our hyper-parameters, clipping and
 weight-decay mask (matrices decay; biases and norms do not), with the
@@ -22,12 +24,14 @@ import ml_collections
 import numpy as np
 
 from mlm_jax import model as model_lib
+from mlm_jax.data import sp_tokenizer
+from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop import hf as hf_lib
 from mlm_jax.runtime import cores
 
 
 def hf_model_name(variant: str) -> str:
-  """'BertForMaskedLM' or 'ModernBertForMaskedLM'."""
+  """'BertForMaskedLM', 'RobertaForMaskedLM' or 'ModernBertForMaskedLM'."""
   return hf_lib.FORMATS[variant].architecture
 
 
@@ -35,7 +39,10 @@ class TorchMLM:
   """One Hugging Face masked LM and its optimizer, stepped on our batches."""
 
   def __init__(self, config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig, *,
-               use_gpu: bool = False, compiled: bool = False):
+               specials: tok_lib.Specials = sp_tokenizer.SPECIALS, use_gpu: bool = False,
+               compiled: bool = False):
+    """`specials`: the ids of the run's tokenizer (default: the layout of the tokenizers
+    trained here, ids 0-4)."""
     torch = hf_lib.require('torch')
     transformers = hf_lib.require('transformers')
     self._torch = torch
@@ -47,13 +54,13 @@ class TorchMLM:
       # JAX's default float32 matmul precision on GPUs uses TF32; let torch do the same.
       torch.set_float32_matmul_precision('high')
     fmt = hf_lib.FORMATS[model_cfg.variant]
-    fields = {**fmt.to_config(model_cfg), 'vocab_size': model_cfg.padded_vocab_size}
+    fields = {**fmt.to_config(model_cfg, specials), 'vocab_size': model_cfg.padded_vocab_size}
     fields.pop('architectures')
     if model_cfg.variant == 'modern':
       # Its head and decoder run on the masked tokens only, as our gather head does.
       fields['sparse_prediction'] = True
     hf_config = transformers.AutoConfig.for_model(**fields, attn_implementation='sdpa')
-    self.name = fmt.architecture
+    self.name, self.variant = fmt.architecture, model_cfg.variant
     self._input_names = fmt.input_names
     model = getattr(transformers, fmt.architecture)(hf_config).to(self.device).train()
     params = list(model.parameters())
@@ -94,6 +101,19 @@ class TorchMLM:
       torch.nn.utils.clip_grad_norm_(self._params, self._clip)
     self._opt.step()
     return loss.detach()
+
+  def save_pretrained(self, out_dir: str, tokenizer: tok_lib.Tokenizer,
+                      model_max_length: int) -> None:
+    """The model as the hub holds one: `save_pretrained` (config.json, model.safetensors) and
+    the tokenizer's files, which AutoModelForMaskedLM, AutoTokenizer and config.init.hf_dir read.
+
+    Its vocabulary is our padded one (rows past the tokenizer's are never predicted).
+    """
+    model = self.eager_model
+    if getattr(model.config, 'sparse_prediction', False):
+      model.config.sparse_prediction = False  # A training shortcut, not part of the model.
+    model.save_pretrained(out_dir)
+    hf_lib.save_tokenizer(out_dir, tokenizer, model_max_length, variant=self.variant)
 
   def predict(self, batch: dict[str, np.ndarray]
               ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ from mlm_jax.model.modern import ModernBertForMLM
 
 
 def mlm_model(cfg: ModelConfig) -> BertForMLM:
-  """The model of cfg.variant: BertForMLM ('bert') or ModernBertForMLM ('modern')."""
+  """The model of cfg.variant: ModernBertForMLM ('modern') or BertForMLM (the others)."""
   return ModernBertForMLM(cfg) if cfg.variant == 'modern' else BertForMLM(cfg)
 
 

@@ -26,9 +26,12 @@ ATTENTIONS = ('auto', 'xla', 'dot_product', 'cudnn')
 # The kernels without dropout on the attention probabilities.
 NO_DROPOUT_ATTENTIONS = ('dot_product', 'cudnn')
 REMATS = ('none', 'dots', 'full')              # What a block keeps for the backward pass.
-# Encoders: 'bert' the post-LN BERT of bert.py (BertForMaskedLM), 'modern' the
-# ModernBERT encoder of modern.py (ModernBertForMaskedLM).
-VARIANTS = ('bert', 'modern')
+# Encoders: 'bert' the post-LN BERT of bert.py (BertForMaskedLM); 'roberta' the
+# same encoder in RoBERTa's Hugging Face layout (RobertaForMaskedLM: one token
+# type, positions offset past its pad id on export); 'modern' the ModernBERT
+# encoder of modern.py (ModernBertForMaskedLM). Every variant but 'modern' is
+# the BERT encoder.
+VARIANTS = ('bert', 'roberta', 'modern')
 
 
 # Options that change the parameter tree, with the value that a checkpoint
@@ -38,7 +41,9 @@ STRUCTURE_DEFAULTS = {'scan_layers': False, 'sentence_pair_head': False, 'varian
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  vocab_size: int            # Real vocabulary (tokenizer size).
+  # Rows the model predicts over: the tokenizer's ids, or a checkpoint's table
+  # (config.model.vocab_size), which may be larger (ModernBERT's is).
+  vocab_size: int
   padded_vocab_size: int     # Embedding rows: vocab_size rounded up to 128.
   # The fields of config.model (configs/base.py documents and sets them all).
   num_layers: int
@@ -137,6 +142,9 @@ def check_config(model: ml_collections.ConfigDict) -> None:
   """ConfigError for an invalid config.model field (see configs/base.py)."""
   for name in ('num_layers', 'hidden_size', 'num_heads', 'intermediate_size'):
     require(model[name] > 0, f'config.model.{name}={model[name]} must be positive.')
+  require(model.get('vocab_size', 0) >= 0,
+          f"config.model.vocab_size={model.get('vocab_size')} must be 0 (the tokenizer's) or "
+          'the number of embedding rows.')
   require(model.hidden_size % model.num_heads == 0,
           f'config.model.hidden_size={model.hidden_size} is not divisible by '
           f'config.model.num_heads={model.num_heads}.')

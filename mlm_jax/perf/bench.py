@@ -6,15 +6,18 @@ time and peak memory; --json_out also writes every figure. Any config field can
 be overridden, e.g. --config.train.batch_size=8.
 
 No data is prepared: the rows are full [CLS] ... [SEP] rows (no padding) of
-random normal token ids, masked by the real masker, so every step holds B·T
-real tokens. A few distinct batches are put on the devices before timing and
-cycled; the state is donated as in the trainer.
+random ids that are no special token's, masked by the real masker, so every
+step holds B·T real tokens. The special ids are those of the tokenizers
+trained here (SYNTHETIC_SPECIALS), whose size is config.tokenizer.vocab_size.
+A few distinct batches are put on the devices before timing and cycled; the
+state is donated as in the trainer.
 
 With --compare=hf the same model shape (layers, widths, padded vocabulary),
 batch, masked positions and optimizer (AdamW, same hyper-parameters, clipping
 and weight-decay mask) run through Hugging Face's model of the same
 architecture in PyTorch (`BertForMaskedLM` for variant 'bert',
-`ModernBertForMaskedLM` for 'modern'; interop/torch_mlm.py) in the same
+`RobertaForMaskedLM` for 'roberta', `ModernBertForMaskedLM` for 'modern';
+interop/torch_mlm.py) in the same
 process: float32 eager on CPU; on a GPU bf16 autocast (when our
 compute dtype is bf16), SDPA attention and `torch.compile`. With --hf_compile
 HF runs twice, eager and under `torch.compile`, on either device; if
@@ -41,7 +44,7 @@ import numpy as np
 from mlm_jax import configuration as config_lib
 from mlm_jax import model as model_lib
 from mlm_jax.data import masking
-from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.data import sp_tokenizer
 from mlm_jax.interop import hf as hf_lib
 from mlm_jax.perf import flops as flops_lib
 from mlm_jax.perf import hf_peer
@@ -53,15 +56,17 @@ from mlm_jax.training import build as build_lib
 from mlm_jax.training import step as step_lib
 
 # What HF's step computes that ours does not: its last block on every row, and
-# by variant its head: BertForMaskedLM's on all T positions,
-# ModernBertForMaskedLM's (sparse_prediction) on the masked tokens only.
+# by variant its head: BertForMaskedLM's and RobertaForMaskedLM's on all T
+# positions, ModernBertForMaskedLM's (sparse_prediction) on the masked tokens only.
 _LAST_BLOCK_NOTE = (' HF computes its last block on every row, ours on the masked slots only '
                     '(the rows the loss reads; every other row\'s output would be discarded). '
                     'MFU counts the same model FLOPs (last block and head on P slots) for both.')
+_DENSE_HEAD_NOTE = ('HF computes its MLM head (dense + LayerNorm + vocabulary projection) on all '
+                    'T positions of a row, ours on the P gathered masked slots only: that is '
+                    "HF's design and part of this comparison." + _LAST_BLOCK_NOTE)
 _HF_HEAD_NOTE = {
-    'bert': ('HF computes its MLM head (dense + LayerNorm + vocabulary projection) on all T '
-             'positions of a row, ours on the P gathered masked slots only: that is '
-             "HF's design and part of this comparison." + _LAST_BLOCK_NOTE),
+    'bert': _DENSE_HEAD_NOTE,
+    'roberta': _DENSE_HEAD_NOTE,
     'modern': ('HF computes its MLM head on the masked tokens only (sparse_prediction), as '
                'ours does on the P gathered slots.' + _LAST_BLOCK_NOTE),
 }
@@ -69,22 +74,31 @@ _HF_HEAD_NOTE = {
 
 # ------------------------------------------------------------------ batches
 
+# The special ids of the tokenizers trained here ([PAD] [UNK] [CLS] [SEP] [MASK] = 0-4), which
+# a config without a tokenizer file gets; the benchmark has no tokenizer of its own.
+SYNTHETIC_SPECIALS = sp_tokenizer.SPECIALS
+
 
 def synthetic_batches(config: ml_collections.ConfigDict,
                       num_batches: int) -> list[dict[str, np.ndarray]]:
   """`num_batches` masked global batches of full rows: input_ids [B, T], masked_* [B, P]...
 
-  Token ids are drawn uniformly from the normal vocabulary [5, vocab); random
-  replacements are uniform too (no corpus, hence no unigram counts).
+  Token ids are drawn uniformly from the ids of [0, vocab) that are not
+  SYNTHETIC_SPECIALS'; random replacements are uniform too (no corpus, hence
+  no unigram counts), and every piece is a word (whole-word masking).
   """
   vocab, b, t = config.tokenizer.vocab_size, config.train.batch_size, config.data.seq_len
+  specials = SYNTHETIC_SPECIALS
   # Equal counts make the 'unigram' source uniform; 'uniform' ignores them.
-  masker = masking.make_masker(config.masking, vocab, np.ones(vocab))
+  masker = masking.make_masker_for_ids(
+      config.masking, vocab, np.ones(vocab), specials,
+      word_start=np.ones(vocab, bool) if config.masking.mode == 'whole_word' else None)
+  normal = np.setdiff1d(np.arange(vocab), specials.ids)
   rng = np.random.default_rng(config.seed)
   batches = []
   for i in range(num_batches):
-    ids = rng.integers(len(tok_lib.SPECIAL_IDS), vocab, (b, t))
-    ids[:, 0], ids[:, -1] = tok_lib.CLS_ID, tok_lib.SEP_ID
+    ids = rng.choice(normal, (b, t))
+    ids[:, 0], ids[:, -1] = specials.cls, specials.sep
     batches.append(masker(ids, seed=config.seed, step=i, rows=np.arange(i * b, (i + 1) * b)))
   return batches
 
@@ -98,7 +112,10 @@ class _JaxRunner:
   def __init__(self, config: ml_collections.ConfigDict, host_batches: list[dict[str, np.ndarray]]):
     self.timed = hf_peer.Timed('mlm_jax (JAX)')
     mesh = sharding.make_mesh(config.mesh.fsdp)
-    built = build_lib.build(config, config.tokenizer.vocab_size, mesh)
+    # The embedding rows the trainer builds: a checkpoint's table (config.model.vocab_size),
+    # else the tokenizer's size.
+    vocab_size = config_lib.model_vocab_size(config, config.tokenizer.vocab_size)
+    built = build_lib.build(config, vocab_size, mesh)
     self.model_cfg, self._state, step = built.model_cfg, built.init_state(), built.train_step
     self.chains = built.chains
     self._rng = jax.device_put(built.dropout_rng, sharding.replicated(mesh))
@@ -289,12 +306,12 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
     same_chip = (peer.timed.info['device'] == 'cuda') == (backend == 'gpu')
     summary = _summarise(peer.timed, tokens_per_step, flops_per_token,
                          peak if same_chip else None, 1)
-    # What HF's step computes: its last block on all T rows, and BERT's head
-    # on all T positions (P = T).
+    # What HF's step computes: its last block on all T rows, and BERT's (RoBERTa's)
+    # head on all T positions (P = T).
     seq_len = config.data.seq_len
     summary['flops_per_token_as_computed'] = flops_lib.model_flops_per_token(
         model_cfg, seq_len,
-        seq_len if model_cfg.variant == 'bert' else config.masking.max_predictions,
+        seq_len if model_cfg.variant != 'modern' else config.masking.max_predictions,
         last_block_rows=seq_len)
     summary['note'] = _HF_HEAD_NOTE[model_cfg.variant]
     result[key] = summary

@@ -51,7 +51,7 @@ def flops_per_token(*, num_layers: int, hidden_size: int, intermediate_size: int
 
 def model_flops_per_token(cfg: model_lib.ModelConfig, seq_len: int, max_predictions: int,
                           last_block_rows: int | None = None) -> float:
-  """`flops_per_token` of a model config, either variant, with the padded vocabulary.
+  """`flops_per_token` of a model config, any variant, with the padded vocabulary.
 
   ModernBERT ('modern') has a GeGLU MLP (3 matrices) and its local blocks
   attend to a window of local_attention + 1 keys (|i - j| <= local_attention

@@ -32,9 +32,7 @@ def measure(config: ml_collections.ConfigDict, *, warmup_s: float, window_s: flo
   """Tokens/s of one process's train batches; the median of `repeats` windows."""
   config_lib.validate(config)
   data = prepare.prepare(config)
-  tokenizer = data.tokenizer
-  pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-  masker = masking.make_masker(config.masking, tokenizer.vocab_size, data.unigram_counts, pieces)
+  masker = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   start = time.perf_counter()
   batches = input_pipeline.train_batches(
       data.source('train'), masker, global_batch=config.train.batch_size, seed=config.seed,

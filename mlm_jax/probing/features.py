@@ -22,13 +22,20 @@ from mlm_jax.finetuning import data as data_lib
 _BATCH = 64
 
 
+def pieces(tokenizer: tok_lib.Tokenizer, texts: list[str]) -> list[list[int]]:
+  """The ids of `texts` as corpus text (a special token's spelling in them is plain text)."""
+  return tokenizer.encode_documents([tok_lib.sanitize(t) for t in texts])
+
+
 def encode(tokenizer: tok_lib.Tokenizer, texts: list[str],
            seq_len: int) -> tuple[dict[str, np.ndarray], int]:
-  """(model inputs [N, T] for `texts`, how many texts were cut to fit T)."""
-  ids, segments, truncated = data_lib.sequence_rows([[p] for p in tokenizer.encode(texts)],
-                                                    seq_len)
-  return {'input_ids': ids, 'segment_ids': segments,
-          'attention_mask': (ids != tok_lib.PAD_ID).astype(np.int32)}, truncated
+  """(model inputs [N, T] for `texts` (`pieces`), how many texts were cut to fit T).
+
+  Rows are framed with the tokenizer's own special ids.
+  """
+  ids, segments, mask, truncated = data_lib.sequence_rows(
+      [[p] for p in pieces(tokenizer, texts)], seq_len, data_lib.RowFormat(tokenizer.specials))
+  return {'input_ids': ids, 'segment_ids': segments, 'attention_mask': mask}, truncated
 
 
 @functools.cache

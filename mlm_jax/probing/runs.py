@@ -28,7 +28,8 @@ def _task_features(run: workdir_lib.TrainedRun, name: str, seed: int,
                    params_by_name: dict[str, Any]) -> tuple[tasks_lib.Task, dict, int]:
   """(task, {name: features [L + 1, N, d]}, texts cut to fit T)."""
   seq_len = run.config.data.seq_len
-  task = tasks_lib.make(name, seed, run.tokenizer.encode, max_pieces=seq_len - 2)
+  task = tasks_lib.make(name, seed, lambda texts: features.pieces(run.tokenizer, texts),
+                        max_pieces=seq_len - 2)
   inputs, cut = features.encode(run.tokenizer, task.texts, seq_len)
   return task, {k: features.mean_pooled_layers(run.model_cfg, p, inputs)
                 for k, p in params_by_name.items()}, cut

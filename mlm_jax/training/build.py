@@ -42,14 +42,16 @@ class Built:
 
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
-          baseline_token: int = tok_lib.FIRST_NORMAL_ID) -> Built:
+          baseline_token: int = step_lib.NO_BASELINE) -> Built:
   """The model, the state's shardings and the jitted steps of `config` on `mesh`.
 
   The trainer, the benchmark and the pre-flight all build through here, so
   they train, time and compile the same program. Choices left to 'auto'
   (compute dtype, attention kernel, concurrent chains) are made for the
   platform of the mesh's devices, not for the host's. `baseline_token`: the
-  training data's most frequent token, whose hit rate the steps report.
+  training data's most frequent token (PreparedData.most_frequent_token()),
+  whose hit rate the steps report; step.NO_BASELINE where there is none (a
+  benchmark's synthetic batches).
   """
   platform = mesh.devices.flat[0].platform
   pairs = config.sentence_pair.task != 'none'

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -28,6 +29,7 @@ from mlm_jax.training import build as build_lib
 from mlm_jax.training import checkpoint
 from mlm_jax.training import evaluate as evaluate_lib
 from mlm_jax.training import feed as feed_lib
+from mlm_jax.training import init_from
 from mlm_jax.training import metrics
 from mlm_jax.training import preemption
 from mlm_jax.training import profiling
@@ -36,23 +38,22 @@ from mlm_jax.training import summary
 from mlm_jax.training import workdir as workdir_lib
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains until config.train.num_steps (resuming from `workdir`); returns the run's summary."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       overrides: Iterable[str] = ()) -> dict[str, Any]:
+  """Trains until config.train.num_steps (resuming from `workdir`); returns the run's summary.
+
+  `overrides`: the config fields set on the command line; with config.init
+  they may not contradict the checkpoint (configuration.resolve).
+  """
   run_start, is_main = time.perf_counter(), jax.process_index() == 0
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   # ----------------------------------------------------------------- build
-  config = configuration.resolve(config, num_devices=jax.device_count())
-  data = _prepared_data(config)
-  masker = masking.make_masker(config.masking, data.tokenizer.vocab_size, data.unigram_counts,
-                               data.tokenizer.pieces())
+  config, data, masker, mesh, built = _build(config, overrides)
   workdir_lib.check_tokenizer(workdir, data.tokenizer)
-  mesh = sharding.make_mesh(config.mesh.fsdp)
-  built = build_lib.build(config, data.tokenizer.vocab_size, mesh,
-                          baseline_token=data.most_frequent_token())
   # ---------------------------------------------------------------- resume
   checkpointer = checkpoint.Checkpointer(workdir_lib.checkpoint_dir(workdir), config.train)
-  state, start_step = _resume(built, checkpointer, config.init)
+  state, start_step = _resume(built, checkpointer, config, data)
   resolved = workdir_lib.resolved_config(config, data)
   if is_main:   # Only once the checkpoints are known to fit: a refused resume keeps the record.
     workdir_lib.record(workdir, resolved, data.tokenizer)
@@ -106,7 +107,39 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                  start_step=start_step, wall_time_s=time.perf_counter() - run_start)
 
 
+def evaluate_start(config: ml_collections.ConfigDict,
+                   overrides: Iterable[str] = ()) -> dict[str, Any]:
+  """The held-out figures of the weights a run would start from, without training.
+
+  config.init's model (a published checkpoint on a new domain's text: the
+  "before" of continued pretraining), else a fresh initialisation; the
+  config's data (prepared if needed), masks and eval settings, as `train`
+  evaluates. Prints the eval line on process 0.
+  """
+  config, data, masker, mesh, built = _build(config, overrides)
+  state = built.init_state()
+  if config.init.hf_dir or config.init.workdir:
+    state = init_from.initial_state(state, config, built.model_cfg, data.added_tokens())
+  result = evaluate_lib.evaluate(built.eval_step, state, data, masker, config.eval,
+                                 config.sentence_pair.task, mesh)
+  if jax.process_index() == 0:
+    print(summary.eval_line(0, result), flush=True)
+  return result
+
+
 # ---------------------------------------------------------------- helpers
+
+
+def _build(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> tuple[
+    ml_collections.ConfigDict, prepare.PreparedData, masking.Masker, Any, build_lib.Built]:
+  """(resolved config, data, masker, mesh, built step functions) of a run."""
+  config = configuration.resolve(config, num_devices=jax.device_count(), overrides=overrides)
+  data = _prepared_data(config)
+  vocab_size = configuration.model_vocab_size(config, data.tokenizer.vocab_size)
+  masker = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
+  mesh = sharding.make_mesh(config.mesh.fsdp)
+  built = build_lib.build(config, vocab_size, mesh, baseline_token=data.most_frequent_token())
+  return config, data, masker, mesh, built
 
 
 def _prepared_data(config: ml_collections.ConfigDict) -> prepare.PreparedData:
@@ -119,8 +152,8 @@ def _prepared_data(config: ml_collections.ConfigDict) -> prepare.PreparedData:
 
 
 def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
-            init: ml_collections.ConfigDict) -> tuple[Any, int]:
-  """(state, step): this workdir's latest checkpoint, else a Hugging Face BERT, else fresh."""
+            config: ml_collections.ConfigDict, data: prepare.PreparedData) -> tuple[Any, int]:
+  """(state, step): this workdir's latest checkpoint, else config.init's weights, else fresh."""
   start = time.perf_counter()
   state = built.init_state()  # Initialised under jit straight into its sharding.
   logging.info('Train state initialised in %.1fs', time.perf_counter() - start)
@@ -128,13 +161,8 @@ def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
   if start_step:
     state = checkpointer.restore(start_step, state, built.model_cfg.shape_record())
     logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
-  elif init.hf_dir:
-    from mlm_jax.interop import hf  # pylint: disable=import-outside-toplevel  # interop extra
-    try:
-      state = hf.init_from_hf(state, os.path.expanduser(init.hf_dir), built.model_cfg)
-    except ValueError as e:
-      raise configuration.ConfigError(f'config.init.hf_dir={init.hf_dir!r}: {e}') from e
-    logging.info('Initialised from the Hugging Face BERT in %s', init.hf_dir)
+  elif config.init.hf_dir or config.init.workdir:
+    state = init_from.initial_state(state, config, built.model_cfg, data.added_tokens())
   return state, start_step
 
 

@@ -23,12 +23,14 @@ from flax.training import train_state
 from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
 from mlm_jax.data import masking
-from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.runtime import cores
 from mlm_jax.runtime import sharding
 
 Array = jax.Array
 Batch = dict[str, Array]
+# baseline_token when no most frequent token is known (a benchmark, synthetic
+# data): no id equals it, so the baseline sums stay 0.
+NO_BASELINE = -1
 
 
 def batch_spec(batch_size: int, seq_len: int, max_predictions: int,
@@ -182,7 +184,7 @@ def argmax(x: Array) -> Array:
 
 
 def mlm_loss_terms(logits: Array, masked_ids: Array, weights: Array, kinds: Array | None = None,
-                   baseline_token: int = tok_lib.FIRST_NORMAL_ID) -> dict[str, Array]:
+                   baseline_token: int = NO_BASELINE) -> dict[str, Array]:
   """logits [B, P, V], masked_ids, weights, kinds [B, P] -> sums (caller divides).
 
   Besides the loss, accuracy and weight of all masked slots, the same sums per
@@ -190,7 +192,7 @@ def mlm_loss_terms(logits: Array, masked_ids: Array, weights: Array, kinds: Arra
   often always answering `baseline_token` (the most frequent token) would be
   right, overall and per kind. Accuracy at [MASK] slots against that rate is
   what the model learned from context (see `slot_metrics`). Without `kinds`,
-  the first three sums only.
+  the first three sums only. NO_BASELINE (no id): the baseline sums are 0.
   """
   ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), masked_ids)
   correct = (argmax(logits) == masked_ids).astype(jnp.float32)
@@ -263,7 +265,7 @@ def split_rows(batch: Batch, k: int) -> Batch:
 
 def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
                     sentence_pair_weight: float = 1.0, chains: int = 1,
-                    baseline_token: int = tok_lib.FIRST_NORMAL_ID) -> Callable:
+                    baseline_token: int = NO_BASELINE) -> Callable:
   """Returns train_step(state, batch, rng) -> (state, metrics); jit it with donation.
 
   The objective is sum(w * CE) / |M| with |M| = sum(masked_weights) over the
@@ -284,7 +286,8 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
 
   Besides loss, accuracy, learning rate and gradient norm, the metrics hold
   the sums of mlm_loss_terms per kind of slot (`slot_metrics` turns those of
-  a log interval into ratios); `baseline_token` is the most frequent token.
+  a log interval into ratios); `baseline_token` is the most frequent token
+  (PreparedData.most_frequent_token(); NO_BASELINE where none is known).
   """
 
   def train_step(state: TrainState, batch: Batch, rng: Array):
@@ -346,7 +349,7 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
   return train_step
 
 
-def make_eval_step(baseline_token: int = tok_lib.FIRST_NORMAL_ID) -> Callable:
+def make_eval_step(baseline_token: int = NO_BASELINE) -> Callable:
   """Returns eval_step(state, batch) -> sums of mlm_loss_terms over the global batch."""
 
   def eval_step(state: TrainState, batch: Batch) -> dict[str, Array]:

@@ -1,7 +1,8 @@
 """A run's directory: what training writes there, and loading it back for inference and export.
 
   WORKDIR/config.json       the resolved config (model shape, masking, data dir, vocab)
-  WORKDIR/tokenizer.model   the sentencepiece model
+  WORKDIR/tokenizer.model   the run's tokenizer: a sentencepiece model, or
+  WORKDIR/tokenizer/        a Hugging Face tokenizer's files
   WORKDIR/checkpoints/<n>/  Orbax checkpoints
   WORKDIR/metrics.jsonl, tb/, summary.json, profile/: see training/metrics.py, summary.py
 
@@ -11,7 +12,6 @@ A resumed run writes config.json again; everything else it appends to.
 from __future__ import annotations
 
 import dataclasses
-import filecmp
 import json
 import os
 import shutil
@@ -24,8 +24,12 @@ import ml_collections
 from mlm_jax import configuration
 from mlm_jax import model as model_lib
 from mlm_jax.data import prepare
+from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.training import checkpoint as ckpt_lib
+
+# Where a run keeps its tokenizer: a sentencepiece model, or a Hugging Face tokenizer's folder.
+_SP_TOKENIZER, _HF_TOKENIZER = sp_tokenizer.FILE_NAME, 'tokenizer'
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -36,34 +40,68 @@ def resolved_config(config: ml_collections.ConfigDict,
                     data: prepare.PreparedData) -> dict[str, Any]:
   """The config as a dict, with what it resolved to on this machine under 'resolved'."""
   resolved = config.to_dict()
-  resolved['resolved'] = {'data_dir': data.data_dir, 'vocab_size': data.tokenizer.vocab_size,
-                          'padded_vocab_size': tok_lib.padded_vocab_size(data.tokenizer.vocab_size),
+  # The model's rows: the tokenizer's ids, or a checkpoint's larger table (config.init).
+  vocab_size = configuration.model_vocab_size(config, data.tokenizer.vocab_size)
+  resolved['resolved'] = {'data_dir': data.data_dir, 'vocab_size': vocab_size,
+                          'padded_vocab_size': tok_lib.padded_vocab_size(vocab_size),
+                          'tokenizer_vocab_size': data.tokenizer.vocab_size,
                           'num_devices': jax.device_count(), 'num_processes': jax.process_count(),
                           'backend': jax.default_backend()}
   return resolved
+
+
+def _recorded_tokenizer(workdir: str) -> str | None:
+  """The tokenizer `record` left in `workdir` (tokenizer.model or tokenizer/), or None."""
+  for name in (_SP_TOKENIZER, _HF_TOKENIZER):
+    if os.path.exists(os.path.join(workdir, name)):
+      return os.path.join(workdir, name)
+  return None
 
 
 def check_tokenizer(workdir: str, tokenizer: tok_lib.Tokenizer) -> None:
   """Refuses to resume checkpoints with a tokenizer other than the one they were trained with.
 
   The same vocabulary size is not enough: ids would silently mean other
-  pieces (a data dir prepared again with other tokenizer settings).
+  pieces (a data dir prepared again with other tokenizer settings). The
+  tokenizers' contents (digest()) are compared.
   """
-  recorded, checkpoints = os.path.join(workdir, 'tokenizer.model'), checkpoint_dir(workdir)
-  if not (os.path.exists(recorded) and os.path.isdir(checkpoints) and os.listdir(checkpoints)):
+  recorded, checkpoints = _recorded_tokenizer(workdir), checkpoint_dir(workdir)
+  if not (recorded and os.path.isdir(checkpoints) and os.listdir(checkpoints)):
     return
-  if not filecmp.cmp(recorded, tokenizer.model_path, shallow=False):
+  try:
+    same = tok_lib.load(recorded).digest() == tokenizer.digest()
+  except (ValueError, OSError, RuntimeError):  # Unreadable: not the one the checkpoints know.
+    same = False
+  if not same:
     raise ckpt_lib.CheckpointMismatchError(
-        f'{workdir} holds checkpoints trained with {recorded}, but the data dir\'s tokenizer '
-        f'{tokenizer.model_path} differs: resume with the data dir that run used '
-        f'(its config.json names it), set --config.tokenizer.model_file={recorded} and '
+        f'{workdir} holds checkpoints trained with the tokenizer in {recorded}, but the data '
+        f'dir\'s tokenizer ({tokenizer.describe()}) differs: resume with the data dir that run '
+        f'used (its config.json names it), set --config.tokenizer.model_file={recorded} and '
         f'prepare again, or start a new --workdir.')
 
 
 def record(workdir: str, resolved: dict[str, Any], tokenizer: tok_lib.Tokenizer) -> None:
-  """Writes config.json (atomically) and the tokenizer the run uses into `workdir`."""
+  """Writes config.json (atomically) and the tokenizer the run uses into `workdir`.
+
+  A sentencepiece tokenizer becomes WORKDIR/tokenizer.model, a Hugging Face one
+  WORKDIR/tokenizer/; the other form, if an earlier run left it, is removed,
+  so that tokenizer.load(workdir) finds this one.
+  """
   os.makedirs(workdir, exist_ok=True)
-  shutil.copyfile(tokenizer.model_path, os.path.join(workdir, 'tokenizer.model'))
+  sp_path, hf_path = os.path.join(workdir, _SP_TOKENIZER), os.path.join(workdir, _HF_TOKENIZER)
+  if isinstance(tokenizer, sp_tokenizer.SentencePieceTokenizer):
+    tokenizer.save(workdir)
+    shutil.rmtree(hf_path, ignore_errors=True)
+  else:
+    # Written whole under another name: a folder mixing two tokenizers' files
+    # (a stale special_tokens_map.json) would load as neither.
+    tmp = f'{hf_path}.tmp-{os.getpid()}'
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.save(tmp)
+    shutil.rmtree(hf_path, ignore_errors=True)
+    os.rename(tmp, hf_path)
+    if os.path.exists(sp_path):
+      os.remove(sp_path)
   tmp = os.path.join(workdir, 'config.json.tmp')
   with open(tmp, 'w') as f:
     json.dump(resolved, f, indent=2, default=str)
@@ -94,5 +132,8 @@ def load(workdir: str, step: int | None = None) -> TrainedRun:
       sentence_pair_head=config.sentence_pair.task != 'none')
   step, params, meta = ckpt_lib.restore_params(checkpoint_dir(workdir), step)
   ckpt_lib.check_meta(meta, model_cfg.shape_record(), f'{step} of {workdir}')
-  tokenizer = tok_lib.Tokenizer(os.path.join(workdir, 'tokenizer.model'))
+  recorded = _recorded_tokenizer(workdir)
+  if recorded is None:
+    raise FileNotFoundError(f'{workdir} holds no tokenizer (tokenizer.model or tokenizer/).')
+  tokenizer = tok_lib.load(recorded)
   return TrainedRun(workdir, step, config, model_cfg, params, tokenizer)

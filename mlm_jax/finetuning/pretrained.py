@@ -1,0 +1,127 @@
+"""The encoder a fine-tuning starts from: a pretraining run (--workdir) or a published
+Hugging Face checkpoint (--hf_dir).
+
+Either gives the same things: the encoder's config.model section (what
+model.json records and ModelConfig is built from), its parameters as host
+arrays, its tokenizer, and the row length it was trained with when known.
+
+  --workdir  the run's latest checkpoint, config.json and tokenizer
+             (training/workdir.py); rows as long as the run's data.seq_len
+  --hf_dir   a BertForMaskedLM, RobertaForMaskedLM or ModernBertForMaskedLM
+             directory in safetensors with its tokenizer files (interop/hf.py
+             reads both); its architecture and shape from its config.json, how
+             we run it (attention kernel, remat, ...) from configs/base.py; no
+             row length (the data picks one, loop.read_task_data)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import base
+from mlm_jax import model as model_lib
+from mlm_jax.config_check import ConfigError
+from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.training import workdir as workdir_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+  """An encoder to fine-tune, whichever kind of directory it came from."""
+
+  source: dict[str, Any]         # model.json's 'pretrained': {'workdir', 'step'} or {'hf_dir'}.
+  description: str               # For logs: 'WORKDIR step N' or 'HF_DIR'.
+  model_section: dict[str, Any]  # config.model's fields (variant, shape, dropout, ...).
+  model_cfg: model_lib.ModelConfig   # float32, from model_section and the embedding rows.
+  params: dict[str, Any]         # Host arrays: 'encoder' (and 'sentence_pair' where there is one).
+  tokenizer: tok_lib.Tokenizer
+  seq_len: int | None            # The pretraining rows' length; None: unknown (choose from data).
+
+
+def load(workdir: str | None = None, hf_dir: str | None = None) -> Pretrained:
+  """The encoder of exactly one of `workdir` and `hf_dir`; ConfigError if both or neither."""
+  if bool(workdir) == bool(hf_dir):
+    raise ConfigError('name exactly one model to fine-tune: --workdir (an mlm_jax pretraining '
+                      'run) or --hf_dir (a Hugging Face masked-LM directory).')
+  return from_workdir(workdir) if workdir else from_hf_dir(hf_dir)
+
+
+def from_workdir(workdir: str) -> Pretrained:
+  run = workdir_lib.load(workdir)
+  return Pretrained(source={'workdir': run.workdir, 'step': run.step},
+                    description=f'{run.workdir} step {run.step}',
+                    model_section=run.config.model.to_dict(), model_cfg=run.model_cfg,
+                    params=run.params, tokenizer=run.tokenizer, seq_len=run.config.data.seq_len)
+
+
+def from_hf_dir(hf_dir: str) -> Pretrained:
+  """A published (or exported) masked LM: weights, config.json and tokenizer files.
+
+  Raises ConfigError naming the directory for a missing or unsupported
+  model, or a tokenizer whose ids the embedding table cannot hold.
+  """
+  from mlm_jax.interop import hf  # pylint: disable=import-outside-toplevel  # interop extra
+  hf_dir = os.path.abspath(os.path.expanduser(hf_dir))
+  if not os.path.isdir(hf_dir):
+    raise ConfigError(f'--hf_dir={hf_dir}: no such directory.')
+  try:
+    fields = hf.checkpoint_model_fields(hf_dir)
+    tokenizer = tok_lib.load(hf_dir)
+  except (ValueError, FileNotFoundError) as e:
+    raise ConfigError(f'--hf_dir={hf_dir}: {e}') from e
+  section = base.get_config().model
+  with section.ignore_type():
+    section.update(fields)
+  vocab_size = fields['vocab_size']
+  if tokenizer.vocab_size > vocab_size:
+    raise ConfigError(f'--hf_dir={hf_dir}: its tokenizer has {tokenizer.vocab_size:,} ids but the '
+                      f'model\'s embedding table only {vocab_size:,} rows: they do not belong '
+                      'together. Use the tokenizer files the checkpoint was published with.')
+  model_cfg = model_lib.ModelConfig.from_config(
+      section, vocab_size, tok_lib.padded_vocab_size(vocab_size), jnp.float32)
+  try:
+    params = _hf_params(hf, hf_dir, model_cfg)
+  except (ValueError, FileNotFoundError) as e:
+    raise ConfigError(f'--hf_dir={hf_dir}: {e}') from e
+  return Pretrained(source={'hf_dir': hf_dir}, description=hf_dir,
+                    model_section=section.to_dict(), model_cfg=model_cfg, params=params,
+                    tokenizer=tokenizer, seq_len=None)
+
+
+def _hf_params(hf: Any, hf_dir: str, cfg: model_lib.ModelConfig) -> dict[str, Any]:
+  """The checkpoint's encoder, and what Hugging Face's ...ForSequenceClassification would take
+  from the same file for its head: BERT's pooler (as 'sentence_pair' holds a pretraining run's),
+  ModernBERT's MLM head dense + norm (its classifier head has the same tensors). A RoBERTa
+  classifier's dense layer starts fresh there, so its pooler is not taken."""
+  tensors = hf.read_safetensors(hf_dir)
+  fmt = hf.FORMATS[cfg.variant]
+  named = fmt.canonical_names(tensors)
+  params = hf.from_hf_state_dict(tensors, cfg, fallback_params=_zero_head(cfg), source=hf_dir,
+                                 pad_id=hf.read_hf_config(hf_dir).get('pad_token_id'))
+  out = {'encoder': params['encoder']}
+  if cfg.variant == 'modern' and fmt.head_tensor in named:
+    out['mlm_head'] = params['mlm_head']
+  pooler = 'bert.pooler.dense'
+  if cfg.variant == 'bert' and f'{pooler}.weight' in named:
+    out['sentence_pair'] = {'pooler': {
+        'kernel': np.asarray(named[f'{pooler}.weight'], np.float32).T,
+        'bias': np.asarray(named[f'{pooler}.bias'], np.float32)}}
+  return out
+
+
+def _zero_head(cfg: model_lib.ModelConfig) -> dict[str, Any]:
+  """An MLM head of the model's shapes (zeros, never used): what a base-model file (BertModel,
+  ModernBertModel: no head) is completed with, since fine-tuning keeps only the encoder."""
+  model = model_lib.mlm_model(cfg)
+  example = {'input_ids': np.zeros((1, 8), np.int32), 'segment_ids': np.zeros((1, 8), np.int32),
+             'attention_mask': np.ones((1, 8), np.int32),
+             'masked_positions': np.zeros((1, 1), np.int32)}
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), example, deterministic=True))
+  return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), nn.unbox(shapes['params']))

@@ -1,0 +1,285 @@
+"""Continued pretraining from published layouts: import -> train -> export -> transformers.
+
+For each of bert-base-uncased's, roberta-base's and ModernBERT's layouts (built
+offline by tests/published.py): `train` with config.init.hf_dir takes the
+architecture, shape and tokenizer from the checkpoint, trains 20 steps on
+another corpus, and `export` writes the source's architecture class and its
+tokenizer files, which transformers loads to give the source's ids and our
+predictions. Then the bad inputs, each refused in one line before anything
+is prepared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from mlm_jax import configuration
+from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.training import checkpoint
+from mlm_jax.training import loop
+from tests import published
+from tests.conftest import micro_config
+
+transformers = pytest.importorskip('transformers')
+torch = pytest.importorskip('torch')
+
+TEXTS = ['Café naïve façade: 東京 and 😀 emoji.', 'Return the <mask> of a list.',
+         'A [MASK] after a space', 'lowercase UPPERCASE MixedCase', 'x' * 300]
+ARCHITECTURES = {'bert': 'BertForMaskedLM', 'roberta': 'RobertaForMaskedLM',
+                 'modern': 'ModernBertForMaskedLM'}
+
+
+@pytest.fixture(scope='module')
+def texts():
+  return published.sample_texts(200)
+
+
+@pytest.fixture(scope='module', params=sorted(published.MAKERS))
+def source(request, texts, tmp_path_factory) -> tuple[str, str]:
+  """(variant, a published-layout directory) for each layout."""
+  directory = str(tmp_path_factory.mktemp(f'published_{request.param}'))
+  return request.param, published.MAKERS[request.param](directory, texts)
+
+
+def _config(corpus_glob: str, data_dir: str, hf_dir: str):
+  config = micro_config(corpus_glob, data_dir)
+  config.init.hf_dir = hf_dir
+  config.train.num_steps = 20
+  config.train.eval_every = 20
+  config.train.checkpoint_every = 20
+  config.train.concurrent_chains = 1
+  return config
+
+
+@pytest.fixture(scope='module')
+def continued(source, corpus_glob, tmp_path_factory):
+  """(variant, source dir, workdir, export dir, summary) of 20 steps from the source."""
+  variant, hf_dir = source
+  root = tmp_path_factory.mktemp(f'continued_{variant}')
+  config = _config(corpus_glob, str(root / 'data'), hf_dir)
+  summary = loop.train_and_evaluate(config, str(root / 'run'))
+  from mlm_jax.interop import export as export_lib
+  out = str(root / 'export')
+  export_lib.export(str(root / 'run'), out)
+  return variant, hf_dir, str(root / 'run'), out, summary
+
+
+def test_the_checkpoint_decides_the_architecture(continued):
+  variant, hf_dir, workdir, _, summary = continued
+  with open(os.path.join(workdir, 'config.json')) as f:
+    saved = json.load(f)
+  with open(os.path.join(hf_dir, 'config.json')) as f:
+    hf = json.load(f)
+  assert saved['model']['variant'] == variant
+  assert saved['model']['hidden_size'] == hf['hidden_size']
+  assert saved['model']['num_layers'] == hf['num_hidden_layers']
+  assert saved['model']['vocab_size'] == hf['vocab_size']
+  assert summary['step'] == 20 and np.isfinite(summary['final_eval_loss'])
+
+
+def test_export_is_the_source_architecture_with_its_tokenizer(continued):
+  variant, hf_dir, _, out, _ = continued
+  model = transformers.AutoModelForMaskedLM.from_pretrained(out)
+  assert type(model).__name__ == ARCHITECTURES[variant]
+  with open(os.path.join(hf_dir, 'config.json')) as f:
+    assert model.config.vocab_size == json.load(f)['vocab_size']
+  theirs = transformers.AutoTokenizer.from_pretrained(hf_dir)
+  exported = transformers.AutoTokenizer.from_pretrained(out)
+  texts = [t.replace('[MASK]', theirs.mask_token).replace('<mask>', theirs.mask_token)
+           for t in TEXTS]
+  assert exported(texts)['input_ids'] == theirs(texts)['input_ids']
+  for name in ('tokenizer.json', 'tokenizer_config.json'):
+    with open(os.path.join(hf_dir, name), 'rb') as a, open(os.path.join(out, name), 'rb') as b:
+      assert a.read() == b.read(), f'{name} was not carried over byte for byte'
+
+
+def test_export_predicts_as_our_trained_weights(continued):
+  """The exported model's logits equal those of the weights we trained (restored here)."""
+  variant, _, workdir, out, _ = continued
+  from mlm_jax.training import workdir as workdir_lib
+  run = workdir_lib.load(workdir)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  model = transformers.AutoModelForMaskedLM.from_pretrained(out, attn_implementation='eager')
+  batch = dict(tokenizer(['The function returns a list of strings.', 'A short one.'],
+                         padding='max_length', max_length=32, truncation=True,
+                         return_tensors='np'))
+  with torch.no_grad():
+    hf_logits = model(**{k: torch.from_numpy(np.asarray(v, np.int64))
+                         for k, v in batch.items()}).logits.numpy()
+  ours = _our_logits(run, batch)
+  real = batch['attention_mask'].astype(bool)
+  assert np.abs(ours[real] - hf_logits[real]).max() < 1e-4
+
+
+def _our_logits(run, batch) -> np.ndarray:
+  """[b, T, V] logits of the run's params at every position."""
+  from mlm_jax import model as model_lib
+  ids = np.asarray(batch['input_ids'], np.int32)
+  positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape).astype(np.int32)
+  inputs = {'input_ids': ids, 'attention_mask': np.asarray(batch['attention_mask'], np.int32),
+            'segment_ids': np.zeros_like(ids), 'masked_positions': positions}
+  logits = model_lib.mlm_model(run.model_cfg).apply({'params': run.params}, inputs,
+                                                    deterministic=True)
+  return np.asarray(logits)[..., :run.model_cfg.vocab_size]
+
+
+def test_ids_are_the_source_tokenizers(source):
+  _, hf_dir = source
+  ours = tok_lib.load(hf_dir)
+  theirs = transformers.AutoTokenizer.from_pretrained(hf_dir)
+  texts = [t.replace('[MASK]', theirs.mask_token).replace('<mask>', theirs.mask_token)
+           for t in TEXTS]
+  assert ours.encode(texts) == theirs(texts, add_special_tokens=False)['input_ids']
+  assert ours.specials.mask == theirs.mask_token_id
+  assert ours.specials.pad == theirs.pad_token_id
+
+
+def test_weights_only_continuation_from_a_run(continued, corpus_glob, tmp_path):
+  """config.init.workdir: the earlier run's weights at step 0, its tokenizer, a fresh optimizer."""
+  variant, _, workdir, _, _ = continued
+  config = micro_config(corpus_glob, str(tmp_path / 'data'))
+  config.init.workdir = workdir
+  config.train.num_steps = 1
+  config.train.warmup_steps = 3  # Step 1 trains with learning rate 0.
+  config.train.concurrent_chains = 1
+  loop.train_and_evaluate(config, str(tmp_path / 'run'))
+  _, before, _ = checkpoint.restore_params(os.path.join(workdir, 'checkpoints'))
+  _, after, _ = checkpoint.restore_params(str(tmp_path / 'run' / 'checkpoints'))
+  import jax
+  for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(before)[0],
+                          jax.tree_util.tree_leaves(after)):
+    np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
+  with open(tmp_path / 'run' / 'config.json') as f:
+    assert json.load(f)['model']['variant'] == variant
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def _refused(config, tmp_path, match: str) -> None:
+  with pytest.raises(configuration.ConfigError, match=match) as e:
+    loop.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert '\n' not in str(e.value)
+  assert not os.path.exists(tmp_path / 'data'), 'refused after preparing data'
+
+
+@pytest.fixture
+def bert_dir(texts, tmp_path_factory) -> str:
+  return published.make_bert(str(tmp_path_factory.mktemp('bert')), texts)
+
+
+def test_a_contradicting_override_is_named(bert_dir, corpus_glob, tmp_path):
+  config = _config(corpus_glob, str(tmp_path / 'data'), bert_dir)
+  config.model.num_layers = 7
+  with pytest.raises(configuration.ConfigError, match=r'config.model.num_layers=7 contradicts'):
+    configuration.resolve(config, 8, overrides=['model.num_layers'])
+  # From the config file (not the command line), the checkpoint's value is taken.
+  assert configuration.resolve(config, 8).model.num_layers == 2
+
+
+def test_seq_len_above_the_positions_is_refused(bert_dir, corpus_glob, tmp_path):
+  config = _config(corpus_glob, str(tmp_path / 'data'), bert_dir)
+  config.data.seq_len = 128
+  config.model.max_position_embeddings = 512
+  config.masking.max_predictions = 20
+  _refused(config, tmp_path, r'seq_len=128 exceeds the 64 positions')
+
+
+def test_a_directory_without_tokenizer_files_is_refused(bert_dir, corpus_glob, tmp_path):
+  bare = tmp_path / 'bare'
+  shutil.copytree(bert_dir, bare)
+  for name in os.listdir(bare):
+    if name.startswith(('tokenizer', 'vocab', 'special_tokens')):
+      os.remove(bare / name)
+  _refused(_config(corpus_glob, str(tmp_path / 'data'), str(bare)), tmp_path,
+           'has no tokenizer files')
+
+
+def test_a_pickle_only_checkpoint_is_refused(bert_dir, corpus_glob, tmp_path):
+  bare = tmp_path / 'pickle'
+  shutil.copytree(bert_dir, bare)
+  os.rename(bare / 'model.safetensors', bare / 'pytorch_model.bin')
+  _refused(_config(corpus_glob, str(tmp_path / 'data'), str(bare)), tmp_path,
+           'pytorch_model.bin but no model.safetensors.*save_pretrained')
+
+
+def test_an_unknown_model_type_is_refused(bert_dir, corpus_glob, tmp_path):
+  other = tmp_path / 'gpt'
+  shutil.copytree(bert_dir, other)
+  with open(other / 'config.json') as f:
+    hf = json.load(f)
+  hf['model_type'] = 'gpt2'
+  with open(other / 'config.json', 'w') as f:
+    json.dump(hf, f)
+  _refused(_config(corpus_glob, str(tmp_path / 'data'), str(other)), tmp_path,
+           "model_type='gpt2' is not supported")
+
+
+def test_a_tokenizer_without_a_mask_token_is_refused(bert_dir, corpus_glob, tmp_path):
+  other = tmp_path / 'nomask'
+  shutil.copytree(bert_dir, other)
+  spec = json.loads((other / 'tokenizer.json').read_text())
+  spec['added_tokens'] = [t for t in spec['added_tokens'] if t['content'] != '[MASK]']
+  del spec['model']['vocab']['[MASK]']
+  (other / 'tokenizer.json').write_text(json.dumps(spec))
+  config = json.loads((other / 'tokenizer_config.json').read_text())
+  config.pop('mask_token', None)
+  config['added_tokens_decoder'] = {k: v for k, v in config.get('added_tokens_decoder', {}).items()
+                                    if v['content'] != '[MASK]'}
+  (other / 'tokenizer_config.json').write_text(json.dumps(config))
+  os.remove(other / 'special_tokens_map.json')
+  _refused(_config(corpus_glob, str(tmp_path / 'data'), str(other)), tmp_path,
+           'has no mask token')
+
+
+def test_a_tokenizer_larger_than_the_table_is_refused(bert_dir, texts, corpus_glob, tmp_path):
+  bigger = published.make_bert(str(tmp_path / 'bigger'), texts, vocab_size=700)
+  other = tmp_path / 'mixed'
+  shutil.copytree(bert_dir, other)
+  for name in ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.txt'):
+    if os.path.exists(os.path.join(bigger, name)):
+      shutil.copy(os.path.join(bigger, name), other / name)
+  _refused(_config(corpus_glob, str(tmp_path / 'data'), str(other)), tmp_path,
+           'do not belong together')
+
+
+# ------------------------------------------------------- vocabulary extension
+
+
+@pytest.mark.parametrize('variant', ['bert', 'roberta'])
+def test_added_words_are_whole_tokens_in_and_out(variant, texts, corpus_glob, tmp_path):
+  """add_tokens: new ids after the table, rows = the mean of the old pieces' rows, the export's
+  tokenizer and model carry them (BERT grows its table to a multiple of 64)."""
+  hf_dir = published.MAKERS[variant](str(tmp_path / 'src'), texts)
+  words = ['hyperparameterization', 'Straßenbahnhaltestelle', 'zygomorphic']
+  (tmp_path / 'words.txt').write_text('\n'.join(words) + '\n')
+  config = _config(corpus_glob, str(tmp_path / 'data'), hf_dir)
+  config.tokenizer.add_tokens = str(tmp_path / 'words.txt')
+  config.train.num_steps = 1
+  config.train.warmup_steps = 3  # Step 1 trains with learning rate 0: rows as initialised.
+  loop.train_and_evaluate(config, str(tmp_path / 'run'))
+  from mlm_jax.interop import export as export_lib
+  out = str(tmp_path / 'export')
+  export_lib.export(str(tmp_path / 'run'), out)
+  source = transformers.AutoTokenizer.from_pretrained(hf_dir)
+  exported = transformers.AutoTokenizer.from_pretrained(out)
+  model = transformers.AutoModelForMaskedLM.from_pretrained(out)
+  original = transformers.AutoModelForMaskedLM.from_pretrained(hf_dir)
+  old = original.get_input_embeddings().weight.detach().numpy()
+  new = model.get_input_embeddings().weight.detach().numpy()
+  assert model.config.vocab_size % 64 == 0 and model.config.vocab_size >= len(source) + 3
+  np.testing.assert_array_equal(new[:len(old)], old)
+  for word in words:
+    sentence = f'the {word} is'
+    ids = exported(sentence, add_special_tokens=False)['input_ids']
+    (new_id,) = [i for i in ids if i >= len(source)]
+    assert exported.convert_ids_to_tokens(new_id) == (word.lower() if variant == 'bert' else word)
+    pieces = source(word if variant == 'bert' else ' ' + word,
+                    add_special_tokens=False)['input_ids']
+    np.testing.assert_allclose(new[new_id], old[pieces].mean(axis=0), rtol=1e-6, atol=1e-7)
+  assert exported(' '.join(words))['input_ids'] != source(' '.join(words))['input_ids']
