@@ -54,6 +54,8 @@ class HFTokenizer(tok_lib.Tokenizer):
     spec = json.loads(tokenizer.to_str())
     self.kind = _KINDS.get(spec['model']['type'], spec['model']['type'].lower())
     self._spec = spec
+    # Ids may leave gaps (a vocabulary with holes): the table must reach the largest.
+    self._vocab_size = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
     self.specials = self._find_specials()
 
   # ------------------------------------------------------------------ loading
@@ -113,7 +115,7 @@ class HFTokenizer(tok_lib.Tokenizer):
 
   @property
   def vocab_size(self) -> int:
-    return max(self._tk.get_vocab(with_added_tokens=True).values()) + 1
+    return self._vocab_size
 
   def encode(self, texts: Sequence[str], num_threads: int = 0) -> list[list[int]]:
     del num_threads  # tokenizers sizes its own thread pool (RAYON_NUM_THREADS).

@@ -105,7 +105,6 @@ def export(model_path: str, out_dir: str, step: int | None = None) -> model_dir.
   `step` None: the best evaluation's parameters (model_dir.load).
   """
   numpy_io = hf.require('safetensors.numpy')
-  hf.require('tokenizers')   # Fail before any work, naming the extra to install.
   model = model_dir.load(model_path, step)
   tensors = to_hf_state_dict(model.params, model.model_cfg, model.task == 'tag',
                              len(model.labels or [0]), model.tokenizer.specials.pad)

@@ -45,7 +45,7 @@ def initial_state(state: Any, config: ml_collections.ConfigDict,
   table = config.model.vocab_size or model_cfg.vocab_size
   source_cfg = dataclasses.replace(model_cfg, vocab_size=table,
                                    padded_vocab_size=tok_lib.padded_vocab_size(table))
-  host = jax.deviceget_path(state.params)
+  host = jax.device_get(state.params)
   if config.init.hf_dir:
     params, where = _from_hf(config.init.hf_dir, source_cfg, host), config.init.hf_dir
   else:
