@@ -27,6 +27,7 @@ from mlm_jax.data import sp_tokenizer  # noqa: E402
 from mlm_jax.interop import export as export_lib  # noqa: E402
 from mlm_jax.interop import hf  # noqa: E402
 from mlm_jax.training import checkpoint  # noqa: E402
+from mlm_jax.training import init_from  # noqa: E402
 from mlm_jax.training import loop as trainer  # noqa: E402
 from mlm_jax.training import step as step_lib  # noqa: E402
 from tests.conftest import micro_config  # noqa: E402
@@ -156,7 +157,7 @@ def test_bert_model_weights_keep_the_state_head(tmp_path):
   example = {'input_ids': ids, 'attention_mask': ids + 1, 'segment_ids': ids,
              'masked_positions': ids[:, :2]}
   state = step_lib.create_state(model, optax.sgd(0.1), jax.random.key(0), example)
-  new = hf.init_from_hf(state, str(tmp_path), cfg)
+  new = init_from.place(state, hf.load_hf_params(str(tmp_path), cfg, fallback_params=state.params))
   np.testing.assert_array_equal(
       new.params['encoder']['layer_1']['intermediate']['kernel'],
       hf_model.encoder.layer[1].intermediate.dense.weight.detach().numpy().T)

@@ -447,29 +447,6 @@ def load_hf_params(hf_dir: str, model_cfg: model_lib.ModelConfig,
                             pad_id=pad_id)
 
 
-def init_from_hf(state: Any, hf_dir: str, model_cfg: model_lib.ModelConfig) -> Any:
-  """Returns `state` with its params replaced by the weights in `hf_dir`.
-
-  Contract:
-  - Call it on a freshly created train state, before any checkpoint is
-    restored, and only when the run starts from step 0: a run that resumes
-    continues from its own checkpoint, never from `hf_dir` again.
-  - `model_cfg` must have the shapes of the weights (vocab_size, layers,
-    widths, positions, segments); every mismatching tensor is named in a
-    ValueError. The ids must mean the same tokens as the run's tokenizer
-    (the checkpoint's own tokenizer files). This is not checked.
-  - Base-model weights, without an MLM head, keep the head of `state.params`.
-  - The optimizer state is left as created (zero moments, step 0); new
-    params are placed on the shardings of the params they replace.
-  - Raises FileNotFoundError/ValueError for a missing or pickle-only
-    directory, ImportError naming the `interop` extra without safetensors.
-  """
-  params = load_hf_params(hf_dir, model_cfg, fallback_params=state.params)
-  params = jax.tree_util.tree_map(
-      lambda old, new: jax.device_put(new.astype(old.dtype), old.sharding), state.params, params)
-  return state.replace(params=params)
-
-
 def save_model(out_dir: str, params: Params, cfg: model_lib.ModelConfig,
                specials: tok_lib.Specials) -> None:
   """Writes config.json and model.safetensors that `AutoModelForMaskedLM.from_pretrained` loads.

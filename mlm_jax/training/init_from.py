@@ -50,14 +50,19 @@ def initial_state(state: Any, config: ml_collections.ConfigDict,
     params, where = _from_hf(config.init.hf_dir, source_cfg, host), config.init.hf_dir
   else:
     params, where = _from_run(config.init.workdir, source_cfg, host), config.init.workdir
-  params = grow_vocab(params, source_cfg, model_cfg, added)
-  params = jax.tree_util.tree_map(
-      lambda old, new: jax.device_put(np.asarray(new).astype(old.dtype), old.sharding),
-      state.params, params)
+  state = place(state, grow_vocab(params, source_cfg, model_cfg, added))
   grown = f'; {len(added)} added tokens' if added else ''
   logging.info('Initialised from %s (%s, %d layers, vocabulary %d%s); optimizer fresh', where,
                model_cfg.variant, model_cfg.num_layers, model_cfg.vocab_size, grown)
-  return state.replace(params=params)
+  return state
+
+
+def place(state: Any, params: Params) -> Any:
+  """`state` with `params` (host arrays of the same tree) on the shardings and dtypes of the
+  params they replace; the optimizer state and step are left as they are."""
+  return state.replace(params=jax.tree_util.tree_map(
+      lambda old, new: jax.device_put(np.asarray(new).astype(old.dtype), old.sharding),
+      state.params, params))
 
 
 def _from_hf(hf_dir: str, cfg: model_lib.ModelConfig, fallback: Params) -> Params:
