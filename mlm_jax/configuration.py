@@ -1,4 +1,4 @@
-"""The whole config, checked before anything expensive, and completed for older runs.
+"""The whole config, checked before anything expensive; a saved run's config read back.
 
 `validate` runs every part's own check of its section (each part defines
 its allowed values and limits next to the code that uses them) and the
@@ -26,11 +26,11 @@ from mlm_jax.data import prepare
 from mlm_jax.data import sentence_pairs
 from mlm_jax.data import tokenizer
 from mlm_jax.model import config as model_config
-from mlm_jax.training import evaluate
+from mlm_jax.training import heldout
 from mlm_jax.training import profiling
 from mlm_jax.training import step
 
-__all__ = ['ConfigError', 'resolve', 'validate', 'with_defaults']
+__all__ = ['ConfigError', 'resolve', 'saved_config', 'validate']
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
@@ -53,7 +53,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   pipeline.check_config(config.input)
   model_config.check_config(model)
   step.check_config(config.train)
-  evaluate.check_config(config.eval)
+  heldout.check_config(config.eval)
   profiling.check_config(config.profile)
   require(config.sentence_pair.task == 'none' or model.type_vocab_size >= 2,
           f"config.sentence_pair.task={config.sentence_pair.task!r} gives the second segment "
@@ -184,7 +184,7 @@ def _init_source(init: ml_collections.ConfigDict) -> tuple[str, dict[str, Any], 
     return hf_dir, fields, tokenizer_path
   workdir = os.path.expanduser(init.workdir)
   with open(os.path.join(workdir, 'config.json')) as f:
-    saved = with_defaults(json.load(f))
+    saved = saved_config(json.load(f), os.path.join(workdir, 'config.json'))
   fields = {k: saved.model[k] for k in ARCHITECTURE_FIELDS + RECIPE_FIELDS}
   fields['vocab_size'] = saved.resolved.vocab_size
   tokenizer_path = tokenizer.tokenizer_files(workdir)
@@ -216,21 +216,27 @@ def model_vocab_size(config: ml_collections.ConfigDict, tokenizer_vocab: int) ->
   return table
 
 
-def with_defaults(saved: dict[str, Any]) -> ml_collections.ConfigDict:
-  """A run's saved config (its config.json) with the fields it predates from configs/base.py.
+def saved_config(saved: dict[str, Any], where: str) -> ml_collections.ConfigDict:
+  """A run's saved config (its config.json) as a ConfigDict; ConfigError when it lacks fields of
+  today's config (configs/base.py): a run written by an older version, which is not guessed at.
 
-  Fields added to the project after a run was written take their default;
-  what the run saved wins. Keys outside the config (e.g. 'resolved') are kept.
+  Keys outside the config (e.g. 'resolved') are kept.
   """
-  merged = _merge(base.get_config().to_dict(), saved)
-  return ml_collections.ConfigDict(merged)
+  missing = _missing_fields(base.get_config().to_dict(), saved)
+  if missing:
+    listed = ', '.join(f'config.{m}' for m in missing[:3])
+    more = f' and {len(missing) - 3} more' if len(missing) > 3 else ''
+    raise ConfigError(
+        f'{where} was written by an older version of mlm_jax: it lacks {listed}{more}. Train '
+        'again in a new --workdir (preparing the data again) rather than reuse it.')
+  return ml_collections.ConfigDict(saved)
 
 
-def _merge(defaults: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
-  out = dict(defaults)
-  for key, value in saved.items():
-    if isinstance(value, dict) and isinstance(out.get(key), dict):
-      out[key] = _merge(out[key], value)
-    else:
-      out[key] = value
-  return out
+def _missing_fields(fields: dict[str, Any], saved: dict[str, Any], prefix: str = '') -> list[str]:
+  missing = []
+  for key, value in fields.items():
+    if key not in saved:
+      missing.append(prefix + key)
+    elif isinstance(value, dict) and isinstance(saved[key], dict):
+      missing += _missing_fields(value, saved[key], f'{prefix}{key}.')
+  return missing

@@ -21,7 +21,6 @@ mlm_jax/finetuning/config.py can be overridden, e.g.
 from __future__ import annotations
 
 from absl import flags
-from ml_collections import config_flags
 
 from mlm_jax import cli
 from mlm_jax.finetuning import config as config_lib
@@ -29,9 +28,9 @@ from mlm_jax.finetuning import data
 from mlm_jax.finetuning import loop
 from mlm_jax.runtime import sharding
 
-_CONFIG = config_flags.DEFINE_config_dict(
-    'config', config_lib.get_config(), 'Fine-tuning settings (mlm_jax/finetuning/config.py); '
-    'override any field with --config.a.b=value.', lock_config=True)
+_CONFIG = cli.config_dict_flag(
+    config_lib.get_config(), 'Fine-tuning settings (mlm_jax/finetuning/config.py); override '
+    'any field with --config.a.b=value.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The pretraining run to start from (its latest '
                                'checkpoint); or give --hf_dir.')
 _HF_DIR = flags.DEFINE_string(

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mlm_jax import configuration
+from configs import base
 from mlm_jax.data import masking
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
@@ -220,13 +220,13 @@ def _expected_k(ids, rate=0.15, p=P):
 
 def test_default_mode_is_token_and_bit_identical_to_plain_masker():
   ids = _rows(300, seed=6)
-  # A run's config.json written before masking had modes: completed with today's defaults.
-  saved = dict(max_predictions=P, select_rate=0.15, mask_prob=0.8, random_prob=0.1,
-               random_source='unigram')
-  config = configuration.with_defaults({'masking': saved}).masking
-  old_style = masking.make_masker_for_ids(config, V, np.arange(V), S)
-  assert old_style.mode == 'token'
-  a = old_style(ids, seed=1, step=2, rows=np.arange(300))
+  # configs/base.py's masking section with only the fields the plain masker has set.
+  config = base.get_config().masking
+  config.update(dict(max_predictions=P, select_rate=0.15, mask_prob=0.8, random_prob=0.1,
+                     random_source='unigram'))
+  default = masking.make_masker_for_ids(config, V, np.arange(V), S)
+  assert default.mode == 'token'
+  a = default(ids, seed=1, step=2, rows=np.arange(300))
   b = _masker()(ids, seed=1, step=2, rows=np.arange(300))
   for key in a:
     np.testing.assert_array_equal(a[key], b[key])

@@ -3,11 +3,9 @@
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -25,6 +23,7 @@ def _free_port() -> int:
 
 def _env(devices_per_process: int) -> dict:
   env = dict(os.environ)
+  env.pop('MLM_JAX_TEST_SIGNAL', None)
   env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices_per_process}'
   env['JAX_PLATFORMS'] = 'cpu'
   return env
@@ -80,23 +79,18 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step_and_resumes(prepared
   port = _free_port()
   cmd = [sys.executable, '-m', 'mlm_jax.train', f'--config={config_file}', f'--workdir={workdir}',
          f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2']
-  procs = [subprocess.Popen(cmd + [f'--process_id={i}'], cwd=REPO, env=_env(2),
+  # Process 1 only sends itself SIGTERM, right after step 3 (preemption.signal_hook_for_tests).
+  envs = [_env(2), dict(_env(2), MLM_JAX_TEST_SIGNAL='SIGTERM@3')]
+  procs = [subprocess.Popen(cmd + [f'--process_id={i}'], cwd=REPO, env=envs[i],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
            for i in range(2)]
-  metrics = os.path.join(workdir, 'metrics.jsonl')
-  deadline = time.time() + 240
-  while time.time() < deadline and not (
-      os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 3):
-    assert all(p.poll() is None for p in procs), 'a process ended before the signal'
-    time.sleep(0.05)
-  procs[1].send_signal(signal.SIGTERM)       # Process 1 only.
   errs = [p.communicate(timeout=240)[1] for p in procs]
   for p, err in zip(procs, errs):
     assert p.returncode == 0, err[-3000:]
   stops = [re.search(r'Stopped by SIGTERM at step (\d+)', err) for err in errs]
   assert all(stops), errs[0][-2000:]
   stop_step = int(stops[0].group(1))
-  assert int(stops[1].group(1)) == stop_step < num_steps
+  assert int(stops[1].group(1)) == stop_step and 3 <= stop_step < num_steps
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == [str(stop_step)]
 
   # The same command resumes both processes from that checkpoint.

@@ -1,10 +1,13 @@
-"""Kills at any moment leave a workdir that resumes to bit-identical parameters."""
+"""Kills at any moment leave a workdir that resumes to bit-identical parameters.
+
+Each run interrupts itself at an exact step or save (MLM_JAX_TEST_SIGNAL): no race with a
+live process.
+"""
 
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -34,19 +37,6 @@ def _final_params(workdir):
   return params
 
 
-def _steps_logged(workdir):
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return 0
-  with open(path) as f:
-    return sum(1 for line in f if '"loss"' in line)
-
-
-def _saving(workdir):
-  directory = os.path.join(workdir, 'checkpoints')
-  return os.path.isdir(directory) and any('tmp' in d for d in os.listdir(directory))
-
-
 @pytest.fixture(scope='module')
 def setup(prepared, tmp_path_factory):
   config, data = prepared
@@ -59,36 +49,28 @@ def setup(prepared, tmp_path_factory):
   return config_file, _final_params(reference)
 
 
-@pytest.mark.parametrize('how,when', [
-    ('SIGTERM', 3),            # A clean stop between checkpoints.
-    ('SIGKILL', 5),            # No chance to save: back to the last checkpoint.
-    ('SIGKILL', 'saving'),     # In the middle of an asynchronous save.
+@pytest.mark.parametrize('test_signal,last_complete', [
+    ('SIGTERM@3', 3),          # A clean stop between checkpoints: it saves step 3.
+    ('SIGKILL@save:6', 4),     # No chance to save step 6: back to the last checkpoint.
+    ('SIGKILL@saving:6', 4),   # In the middle of the asynchronous save of step 6.
 ])
-def test_interrupted_run_resumes_to_identical_parameters(setup, tmp_path, how, when):
+def test_interrupted_run_resumes_to_identical_parameters(setup, tmp_path, test_signal,
+                                                        last_complete):
   config_file, reference = setup
   workdir = str(tmp_path / 'run')
-  proc = subprocess.Popen(_cmd(config_file, workdir), cwd=REPO, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
-  deadline = time.time() + 120
-  while time.time() < deadline and proc.poll() is None:
-    # A save after the first one, so that a complete checkpoint exists too.
-    if when == 'saving' and _steps_logged(workdir) >= 5 and _saving(workdir):
-      break
-    if when != 'saving' and _steps_logged(workdir) >= when:
-      break
-    time.sleep(0.001 if when == 'saving' else 0.05)
-  assert proc.poll() is None, 'the run ended before it could be interrupted'
-  proc.send_signal(getattr(signal, how))
-  _, err = proc.communicate(timeout=120)
-  assert proc.returncode == (0 if how == 'SIGTERM' else -signal.SIGKILL), err[-2000:]
+  # The run signals itself at that exact point (preemption.signal_hook_for_tests).
+  env = dict(os.environ, MLM_JAX_TEST_SIGNAL=test_signal)
+  out = subprocess.run(_cmd(config_file, workdir), cwd=REPO, capture_output=True, text=True,
+                       timeout=300, env=env)
+  killed = test_signal.startswith('SIGKILL')
+  assert out.returncode == (-signal.SIGKILL if killed else 0), out.stderr[-2000:]
 
   ckpt_dir = os.path.join(workdir, 'checkpoints')
-  complete = [int(d) for d in os.listdir(ckpt_dir) if d.isdigit()]
-  assert complete, 'no complete checkpoint survived'
-  if when == 'saving':
-    assert any('tmp' in d for d in os.listdir(ckpt_dir)), 'the kill missed the save'
+  complete = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
+  assert complete[-1] == last_complete
   out = _run_to_end(config_file, workdir)
-  assert f'at step {max(complete)}' in out.stderr  # Resumed from the last complete one.
+  assert f'at step {last_complete}' in out.stderr  # Resumed from the last complete one.
+  assert not [d for d in os.listdir(ckpt_dir) if 'tmp' in d]  # A partial save is cleaned up.
   params = _final_params(workdir)
   for a, b in zip(jax.tree_util.tree_leaves(reference), jax.tree_util.tree_leaves(params)):
     np.testing.assert_array_equal(a, b)

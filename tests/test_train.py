@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 
 from mlm_jax.training import checkpoint
 from mlm_jax.training import loop as trainer
-from mlm_jax.training import step as step_lib
+from mlm_jax.training import optimizer
 from tests.conftest import micro_config
 from tests.conftest import write_config_file
 
@@ -35,6 +34,7 @@ def _params(workdir, step, config):
   return restored['params']
 
 
+@pytest.mark.slow
 def test_train_writes_metrics_config_checkpoints_and_resumes_identically(prepared, tmp_path):
   config, _ = prepared
   workdir = str(tmp_path / 'run')
@@ -71,6 +71,7 @@ def test_train_writes_metrics_config_checkpoints_and_resumes_identically(prepare
   assert trainer.train_and_evaluate(config, workdir)['step'] == 8
 
 
+@pytest.mark.slow
 def test_resume_with_another_model_shape_is_refused(prepared, tmp_path):
   config, _ = prepared
   workdir = str(tmp_path / 'run')
@@ -87,6 +88,7 @@ def test_resume_with_another_model_shape_is_refused(prepared, tmp_path):
     assert json.load(f)['model']['hidden_size'] != 64
 
 
+@pytest.mark.slow
 def test_resume_with_another_tokenizer_is_refused(prepared, tmp_path):
   config, data = prepared
   workdir = tmp_path / 'run'
@@ -107,6 +109,7 @@ def _train_cmd(config_file, workdir):
   return [sys.executable, '-m', 'mlm_jax.train', f'--config={config_file}', f'--workdir={workdir}']
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
 def test_signal_saves_a_checkpoint_and_rerun_continues_the_schedule(prepared, tmp_path, sig):
   config, data = prepared
@@ -115,21 +118,16 @@ def test_signal_saves_a_checkpoint_and_rerun_continues_the_schedule(prepared, tm
       tmp_path / 'micro.py', config.data.corpus, data.data_dir, num_steps=num_steps,
       warmup_steps=20, log_every=1, eval_every=1000, checkpoint_every=1000)
   workdir = str(tmp_path / 'run')
-  proc = subprocess.Popen(_train_cmd(config_file, workdir), cwd=REPO, stderr=subprocess.PIPE,
-                          stdout=subprocess.PIPE, text=True)
-  metrics = os.path.join(workdir, 'metrics.jsonl')
-  deadline = time.time() + 120
-  while time.time() < deadline and proc.poll() is None:
-    if os.path.exists(metrics) and len(_records(workdir)) >= 5:
-      break
-    time.sleep(0.2)
-  proc.send_signal(sig)
-  _, err = proc.communicate(timeout=120)
+  # The run signals itself right after step 5 (preemption's test hook): no race.
+  env = {**os.environ, 'MLM_JAX_TEST_SIGNAL': f'{sig.name}@5'}
+  proc = subprocess.run(_train_cmd(config_file, workdir), cwd=REPO, capture_output=True,
+                        text=True, timeout=300, env=env)
+  err = proc.stderr
   assert proc.returncode == 0, err[-3000:]
   assert f'Stopped by {sig.name}' in err
   steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints')))
   stopped_at = steps[-1]
-  assert 5 <= stopped_at < num_steps
+  assert stopped_at == 5
 
   # The same command continues from there, with the learning rate of a run
   # that never stopped.
@@ -142,12 +140,13 @@ def test_signal_saves_a_checkpoint_and_rerun_continues_the_schedule(prepared, tm
   assert after[0]['step'] == stopped_at + 1 and after[-1]['step'] == num_steps
   cfg = micro_config(config.data.corpus, data.data_dir)
   cfg.train.num_steps, cfg.train.warmup_steps = num_steps, 20
-  schedule = step_lib.learning_rate_schedule(cfg.train)
+  schedule = optimizer.learning_rate_schedule(cfg.train)
   for r in after[:3]:
     assert r['learning_rate'] == pytest.approx(float(schedule(r['step'] - 1)), rel=1e-5)
   assert 'MLM accuracy' in out.stdout
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_clear_line_before_anything_runs(prepared, tmp_path):
   config, data = prepared
   cases = [
@@ -167,6 +166,7 @@ def test_bad_input_is_one_clear_line_before_anything_runs(prepared, tmp_path):
     assert not (workdir / 'checkpoints').exists()
 
 
+@pytest.mark.slow
 def test_diverging_run_stops_with_the_step_and_keeps_the_last_good_checkpoint(prepared, tmp_path):
   config, _ = prepared
   config = config.copy_and_resolve_references()

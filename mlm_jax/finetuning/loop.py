@@ -26,7 +26,7 @@ from mlm_jax.config_check import require
 from mlm_jax.finetuning import batches as batches_lib
 from mlm_jax.finetuning import config as config_lib
 from mlm_jax.finetuning import data as data_lib
-from mlm_jax.finetuning import evaluate as evaluate_lib
+from mlm_jax.finetuning import task_eval
 from mlm_jax.finetuning import model_dir
 from mlm_jax.finetuning import pretrained as pretrained_lib
 from mlm_jax.finetuning import report as report_lib
@@ -35,6 +35,7 @@ from mlm_jax.finetuning import step as step_lib
 from mlm_jax.runtime import sharding
 from mlm_jax.training import checkpoint
 from mlm_jax.training import feed as feed_lib
+from mlm_jax.training import lock
 from mlm_jax.training import metrics
 from mlm_jax.training import preemption
 
@@ -58,10 +59,17 @@ def finetune(workdir: str | None, out_dir: str, task: str, train_path: str, eval
   keeps the parameters of the best evaluation by config.train.best_metric
   in OUT/best (what predict and export load). Returns the step reached, the
   best evaluation's step (best_step), metric (best_metric) and scores
-  (eval_*); no scores when stopped before any evaluation.
+  (eval_*); no scores when stopped before any evaluation. One run at a time
+  per `out_dir`: another is refused (lock.WorkdirLockedError).
   """
-  start_time, is_main = time.perf_counter(), jax.process_index() == 0
   out_dir = os.path.abspath(out_dir)
+  with lock.hold(out_dir):
+    return _finetune(workdir, out_dir, task, train_path, eval_path, config, hf_dir=hf_dir)
+
+
+def _finetune(workdir: str | None, out_dir: str, task: str, train_path: str, eval_path: str,
+              config: ml_collections.ConfigDict, *, hf_dir: str | None) -> dict[str, Any]:
+  start_time, is_main = time.perf_counter(), jax.process_index() == 0
   config_lib.check_config(config, jax.device_count())
   # ------------------------------------------------ pretrained model, data
   pretrained = pretrained_lib.load(workdir, hf_dir)
@@ -239,9 +247,9 @@ def _resume(built: step_lib.Built, checkpointer: checkpoint.Checkpointer, meta: 
             pretrained: pretrained_lib.Pretrained) -> tuple[Any, int]:
   """(state, step): the latest checkpoint in the output directory, else the pretrained encoder."""
   state = built.init_state()   # Made under jit straight into its sharding.
-  start_step = checkpointer.latest_step() or 0
+  # The newest checkpoint that reads; any newer that does not is set aside.
+  state, start_step = checkpointer.restore_latest(state, meta)
   if start_step:
-    state = checkpointer.restore(start_step, state, meta)
     logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
   else:
     state = step_lib.with_pretrained(state, pretrained.params, pretrained.description)
@@ -260,10 +268,10 @@ def _resolved_config(config: ml_collections.ConfigDict, plan: config_lib.Plan,
 
 def _evaluate(eval_step: Any, state: Any, *, task: str, data: TaskData, batch_size: int,
               mesh) -> dict[str, Any]:
-  """Loss and scores of the eval file (see evaluate.score)."""
-  logits = evaluate_lib.all_logits(lambda batch: eval_step(state, batch), data.eval, batch_size,
+  """Loss and scores of the eval file (see task_eval.score)."""
+  logits = task_eval.all_logits(lambda batch: eval_step(state, batch), data.eval, batch_size,
                                    mesh)
-  return evaluate_lib.score(task, logits, data.eval, data.labels)
+  return task_eval.score(task, logits, data.eval, data.labels)
 
 
 def _value_or(value: float | None, default: float) -> float:

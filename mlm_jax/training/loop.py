@@ -27,9 +27,10 @@ from mlm_jax.runtime import host_malloc
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
 from mlm_jax.training import checkpoint
-from mlm_jax.training import evaluate as evaluate_lib
+from mlm_jax.training import heldout
 from mlm_jax.training import feed as feed_lib
 from mlm_jax.training import init_from
+from mlm_jax.training import lock
 from mlm_jax.training import metrics
 from mlm_jax.training import preemption
 from mlm_jax.training import profiling
@@ -43,11 +44,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """Trains until config.train.num_steps (resuming from `workdir`); returns the run's summary.
 
   `overrides`: the config fields set on the command line; with config.init
-  they may not contradict the checkpoint (configuration.resolve).
+  they may not contradict the checkpoint (configuration.resolve). One run
+  at a time per workdir: another is refused (lock.WorkdirLockedError).
   """
-  run_start, is_main = time.perf_counter(), jax.process_index() == 0
   workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  with lock.hold(workdir):
+    return _train_and_evaluate(config, workdir, overrides)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                        overrides: Iterable[str]) -> dict[str, Any]:
+  run_start, is_main = time.perf_counter(), jax.process_index() == 0
   # ----------------------------------------------------------------- build
   config, data, masker, mesh, built = _build(config, overrides)
   workdir_lib.check_tokenizer(workdir, data.tokenizer)
@@ -92,7 +99,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       if final or step % train.log_every == 0:  # A stop logs too: a resume knows the tokens.
         log.write(step)
       if step == train.num_steps or step % train.eval_every == 0:
-        last_eval = evaluate_lib.evaluate(built.eval_step, state, data, masker, config.eval,
+        last_eval = heldout.evaluate(built.eval_step, state, data, masker, config.eval,
                                           config.sentence_pair.task, mesh)
         log.write_eval(step, last_eval)
       if final or checkpointer.should_save(step):
@@ -120,7 +127,7 @@ def evaluate_start(config: ml_collections.ConfigDict,
   state = built.init_state()
   if config.init.hf_dir or config.init.workdir:
     state = init_from.initial_state(state, config, built.model_cfg, data.added_tokens())
-  result = evaluate_lib.evaluate(built.eval_step, state, data, masker, config.eval,
+  result = heldout.evaluate(built.eval_step, state, data, masker, config.eval,
                                  config.sentence_pair.task, mesh)
   if jax.process_index() == 0:
     print(summary.eval_line(0, result), flush=True)
@@ -157,9 +164,9 @@ def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
   start = time.perf_counter()
   state = built.init_state()  # Initialised under jit straight into its sharding.
   logging.info('Train state initialised in %.1fs', time.perf_counter() - start)
-  start_step = checkpointer.latest_step() or 0
+  # The newest checkpoint that reads; any newer that does not is set aside.
+  state, start_step = checkpointer.restore_latest(state, built.model_cfg.shape_record())
   if start_step:
-    state = checkpointer.restore(start_step, state, built.model_cfg.shape_record())
     logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
   elif config.init.hf_dir or config.init.workdir:
     state = init_from.initial_state(state, config, built.model_cfg, data.added_tokens())

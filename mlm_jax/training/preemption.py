@@ -1,4 +1,11 @@
-"""Stopping a run cleanly: a signal becomes a checkpoint at a step every process agrees on."""
+"""Stopping a run cleanly: a signal becomes a checkpoint at a step every process agrees on.
+
+Test hook: MLM_JAX_TEST_SIGNAL='SIGTERM@3' makes a run send itself SIGTERM
+right after step 3; 'SIGSTOP@save:6' as the save of step 6 is about to
+write (its room checked, nothing written); 'SIGKILL@saving:6' once the
+asynchronous save of step 6 is under way. Read once, at import; tests use it
+to interrupt a run at an exact point instead of racing a live one.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ class StopRequest:
 
   def poll(self, step: int) -> None:
     """Call once per step on every process, after the step."""
+    signal_hook_for_tests('step', step)
     if self._multi_process and multihost_utils.reached_preemption_sync_point(step):
       self.requested = True
       self.signal_name = self.signal_name or 'SIGTERM'
@@ -61,3 +69,29 @@ class StopRequest:
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
     return False
+
+
+def _test_signal_from_env() -> tuple[int, str, int] | None:
+  """(signal, event, step) of MLM_JAX_TEST_SIGNAL ('NAME@STEP', 'NAME@EVENT:STEP'), or None."""
+  value = os.environ.get(TEST_SIGNAL_ENV, '')
+  if not value:
+    return None
+  try:
+    name, when = value.split('@')
+    event, _, step = when.rpartition(':')
+    if event not in ('', 'save', 'saving'):
+      raise ValueError(event)
+    return signal.Signals[name].value, event or 'step', int(step)
+  except (ValueError, KeyError) as e:
+    raise ValueError(f'{TEST_SIGNAL_ENV}={value!r}: use NAME@STEP, NAME@save:STEP or '
+                     'NAME@saving:STEP, e.g. SIGTERM@3') from e
+
+
+def signal_hook_for_tests(event: str, step: int) -> None:
+  """The test hook: signals this process when (event, step) is the one the environment names."""
+  if _TEST_SIGNAL is not None and _TEST_SIGNAL[1:] == (event, step):
+    os.kill(os.getpid(), _TEST_SIGNAL[0])
+
+
+TEST_SIGNAL_ENV = 'MLM_JAX_TEST_SIGNAL'
+_TEST_SIGNAL = _test_signal_from_env()

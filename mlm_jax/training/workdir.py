@@ -112,7 +112,7 @@ def record(workdir: str, resolved: dict[str, Any], tokenizer: tok_lib.Tokenizer)
 class TrainedRun:
   workdir: str
   step: int
-  config: ml_collections.ConfigDict   # WORKDIR/config.json, completed with today's defaults
+  config: ml_collections.ConfigDict   # WORKDIR/config.json
   model_cfg: model_lib.ModelConfig     # float32 compute, for exact inference
   params: dict[str, Any]               # host numpy arrays
   tokenizer: tok_lib.Tokenizer
@@ -125,7 +125,7 @@ def load(workdir: str, step: int | None = None) -> TrainedRun:
   if not os.path.exists(config_path):
     raise FileNotFoundError(f'{workdir} is not a training workdir (no config.json).')
   with open(config_path) as f:
-    config = configuration.with_defaults(json.load(f))
+    config = configuration.saved_config(json.load(f), config_path)
   resolved = config.resolved
   model_cfg = model_lib.ModelConfig.from_config(
       config.model, resolved.vocab_size, resolved.padded_vocab_size, jnp.float32,
