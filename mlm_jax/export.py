@@ -4,11 +4,11 @@
 Writes a Hugging Face model directory (safetensors, config and the run's
 tokenizer): from a training run's checkpoint, the masked LM of its
 config.model.variant (BertForMaskedLM, RobertaForMaskedLM or
-ModernBertForMaskedLM), see mlm_jax/interop/export.py;
+ModernBertForMaskedLM), see mlm_jax/interop/mlm_export.py;
 --embedding_correction replaces each token embedding by its expectation
 under the run's masking. From a fine-tuning's output (finetune's --out), the
 variant's ForSequenceClassification (classify, pair, regress) or
-ForTokenClassification (tag) with its labels, see mlm_jax/finetuning/export.py.
+ForTokenClassification (tag) with its labels, see mlm_jax/finetuning/classifier_export.py.
 --step picks a checkpoint (default: the latest).
 """
 
@@ -20,8 +20,8 @@ from absl import flags
 
 from mlm_jax import cli
 from mlm_jax import configuration
-from mlm_jax.finetuning import export as finetuned_export
-from mlm_jax.interop import export
+from mlm_jax.finetuning import classifier_export
+from mlm_jax.interop import mlm_export
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Workdir of a training run (a masked LM).')
 _MODEL = flags.DEFINE_string('model', None, 'Output directory of a fine-tuning (--out of '
@@ -35,7 +35,7 @@ _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to export (default: 
                              'training run, the best of a fine-tuned model).')
 _CORRECTION = flags.DEFINE_bool(
     'embedding_correction', False, 'Replace each token embedding by its expectation under '
-    "the run's masking recipe (see mlm_jax/interop/export.py).")
+    "the run's masking recipe (see mlm_jax/interop/mlm_export.py).")
 
 
 def main() -> None:
@@ -43,12 +43,12 @@ def main() -> None:
     if _CORRECTION.value:
       raise configuration.ConfigError('--embedding_correction applies to a masked LM (--workdir), not to a '
                        'fine-tuned model (--model).')
-    model = finetuned_export.export(_MODEL.value, _OUT.value, _STEP.value)
-    architecture = finetuned_export.ARCHITECTURES[model.model_cfg.variant, model.task == 'tag']
+    model = classifier_export.export(_MODEL.value, _OUT.value, _STEP.value)
+    architecture = classifier_export.ARCHITECTURES[model.model_cfg.variant, model.task == 'tag']
     print(f'exported step {model.step} of {model.out_dir} ({model.task}, '
           f'{len(model.labels or [0])} outputs) as {architecture} to {os.path.abspath(_OUT.value)}')
     return
-  run = export.export(_WORKDIR.value, _OUT.value, _STEP.value, _CORRECTION.value)
+  run = mlm_export.export(_WORKDIR.value, _OUT.value, _STEP.value, _CORRECTION.value)
   note = ' with embedding correction' if _CORRECTION.value else ''
   print(f'exported step {run.step} of {run.workdir}{note} to {os.path.abspath(_OUT.value)}')
 

@@ -79,14 +79,15 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 def model_config(vocab_size: int = 300, padded_vocab_size: int = 384, **fields):
   """A ModelConfig: configs/base.py's model section with `fields` changed.
 
-  `dtype`, `sentence_pair_head` and `batch_sharding` (set by the trainer, not
-  config.model) may be given too.
+  `dtype`, `sentence_pair_head`, `batch_sharding` and `platform` (set by the
+  trainer, not config.model) may be given too.
   """
   import jax.numpy as jnp
 
   from configs import base
   from mlm_jax import model as model_lib
-  extra = {k: fields.pop(k) for k in ('sentence_pair_head', 'batch_sharding') if k in fields}
+  extra = {k: fields.pop(k) for k in ('sentence_pair_head', 'batch_sharding', 'platform')
+           if k in fields}
   dtype = fields.pop('dtype', jnp.float32)
   section = base.get_config().model
   section.update(fields)

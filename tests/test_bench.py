@@ -109,6 +109,7 @@ def test_peak_of_known_chips(kind, tflops):
   assert flops_lib.peak_flops_per_device(kind, peak_tflops=2.5) == 2.5e12
 
 
+@pytest.mark.slow
 def test_bench_tiny_with_hf_comparison(tmp_path):
   """The command on configs/bert_tiny.py: sane figures for both, the same work for both."""
   json_out = tmp_path / 'bench.json'
@@ -149,6 +150,7 @@ def test_bench_tiny_with_hf_comparison(tmp_path):
   assert 'hf_compiled' not in result and 'ratio_tokens_per_sec_compiled' not in result
 
 
+@pytest.mark.slow
 def test_bench_with_torch_compile_peer(tmp_path):
   """--hf_compile: HF eager and compiled both timed, the same losses, a ratio to each."""
   if hf_peer.cxx_compiler() is None:  # Asked here: it imports torch.
@@ -180,6 +182,7 @@ def test_bench_with_torch_compile_peer(tmp_path):
   assert out.stdout.splitlines()[0] == result['host']['summary']
 
 
+@pytest.mark.slow
 def test_torch_compile_that_cannot_run_is_a_note(monkeypatch):
   """Without a C++ compiler the eager comparison stands and one line says why."""
   monkeypatch.setattr(hf_peer, 'cxx_compiler', lambda: None)
@@ -199,6 +202,7 @@ def test_torch_compile_that_cannot_run_is_a_note(monkeypatch):
     bench.run_benchmark(config, hf_compile=True)
 
 
+@pytest.mark.slow
 def test_without_a_known_peak_mfu_is_na():
   config = micro_config('', '')
   # The smallest step to compile: one block, no dropout.
@@ -213,6 +217,7 @@ def test_without_a_known_peak_mfu_is_na():
     bench.run_benchmark(config, steps=0)
 
 
+@pytest.mark.slow
 def test_a_modernbert_config_is_timed_against_modernbert():
   pytest.importorskip('transformers')
   config = micro_config('', '')
@@ -350,12 +355,12 @@ def test_thread_pools_are_sized_by_the_cpus_this_process_may_use(monkeypatch):
   pytest.importorskip('transformers')
   from mlm_jax.interop import torch_mlm
   from mlm_jax.runtime import cores
-  from mlm_jax.training import step as step_lib
+  from mlm_jax.runtime import platform_ops
   monkeypatch.setattr(os, 'cpu_count', lambda: 16)
   monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {5}, raising=False)
   assert cores.usable_cores() == 1
   config = bert_tiny.get_config()
-  assert step_lib.concurrent_chains(config.train, 1, 'cpu') == 1
+  assert platform_ops.concurrent_chains(config.train, 1, 'cpu') == 1
   vocab = config.tokenizer.vocab_size
   cfg = model_lib.ModelConfig.from_config(config.model, vocab, tok_lib.padded_vocab_size(vocab),
                                           jnp.float32)

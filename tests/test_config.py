@@ -10,7 +10,7 @@ from configs import bert_tiny
 from configs import large
 from configs import tiny
 from mlm_jax import configuration as config_lib
-from mlm_jax.training import step as step_lib
+from mlm_jax.runtime import platform_ops
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / 'configs'
 
@@ -86,25 +86,25 @@ def test_batch_must_divide_over_devices():
 
 def test_train_compiler_options_single_threaded_eigen_with_cpu_chains_only():
   # This jaxlib's CPU compiler knows the option (the step would not compile otherwise).
-  assert step_lib.train_compiler_options('cpu', 2) == {'xla_cpu_multi_thread_eigen': False}
-  assert step_lib.train_compiler_options('cpu', 1) == {}
-  assert step_lib.train_compiler_options('tpu', 2) == {}
-  assert step_lib.train_compiler_options('gpu', 2) == {}
+  assert platform_ops.train_compiler_options('cpu', 2) == {'xla_cpu_multi_thread_eigen': False}
+  assert platform_ops.train_compiler_options('cpu', 1) == {}
+  assert platform_ops.train_compiler_options('tpu', 2) == {}
+  assert platform_ops.train_compiler_options('gpu', 2) == {}
   # An option this XLA does not know is left out rather than failing the compile.
-  assert not step_lib._cpu_compiler_accepts('xla_cpu_no_such_option', True)
+  assert not platform_ops._cpu_compiler_accepts('xla_cpu_no_such_option', True)
 
 
 def test_concurrent_chains_auto_and_explicit():
   config = base.get_config()
   config.train.batch_size = 16
   # Auto: 2 on a single CPU device (the tests run on CPU), 1 across several.
-  assert step_lib.concurrent_chains(config.train, num_devices=1) == 2
-  assert step_lib.concurrent_chains(config.train, num_devices=8) == 1
+  assert platform_ops.concurrent_chains(config.train, num_devices=1) == 2
+  assert platform_ops.concurrent_chains(config.train, num_devices=8) == 1
   config.train.batch_size = 3
-  assert step_lib.concurrent_chains(config.train, num_devices=1) == 1   # 3 rows do not split
+  assert platform_ops.concurrent_chains(config.train, num_devices=1) == 1   # 3 rows do not split
   config.train.batch_size = 16
   config.train.concurrent_chains = 4
-  assert step_lib.concurrent_chains(config.train, num_devices=8) == 4
+  assert platform_ops.concurrent_chains(config.train, num_devices=8) == 4
   with pytest.raises(config_lib.ConfigError, match=r'x concurrent_chains=4; use a multiple of 32'):
     config_lib.validate(config, num_devices=8)
   config.train.concurrent_chains = -1

@@ -63,12 +63,13 @@ def continued(source, corpus_glob, tmp_path_factory):
   root = tmp_path_factory.mktemp(f'continued_{variant}')
   config = _config(corpus_glob, str(root / 'data'), hf_dir)
   summary = loop.train_and_evaluate(config, str(root / 'run'))
-  from mlm_jax.interop import export as export_lib
+  from mlm_jax.interop import mlm_export as export_lib
   out = str(root / 'export')
   export_lib.export(str(root / 'run'), out)
   return variant, hf_dir, str(root / 'run'), out, summary
 
 
+@pytest.mark.slow
 def test_the_checkpoint_decides_the_architecture(continued):
   variant, hf_dir, workdir, _, summary = continued
   with open(os.path.join(workdir, 'config.json')) as f:
@@ -82,6 +83,7 @@ def test_the_checkpoint_decides_the_architecture(continued):
   assert summary['step'] == 20 and np.isfinite(summary['final_eval_loss'])
 
 
+@pytest.mark.slow
 def test_export_is_the_source_architecture_with_its_tokenizer(continued):
   variant, hf_dir, _, out, _ = continued
   model = transformers.AutoModelForMaskedLM.from_pretrained(out)
@@ -98,6 +100,7 @@ def test_export_is_the_source_architecture_with_its_tokenizer(continued):
       assert a.read() == b.read(), f'{name} was not carried over byte for byte'
 
 
+@pytest.mark.slow
 def test_export_predicts_as_our_trained_weights(continued):
   """The exported model's logits equal those of the weights we trained (restored here)."""
   variant, _, workdir, out, _ = continued
@@ -139,6 +142,7 @@ def test_ids_are_the_source_tokenizers(source):
   assert ours.specials.pad == theirs.pad_token_id
 
 
+@pytest.mark.slow
 def test_weights_only_continuation_from_a_run(continued, corpus_glob, tmp_path):
   """config.init.workdir: the earlier run's weights at step 0, its tokenizer, a fresh optimizer."""
   variant, _, workdir, _, _ = continued
@@ -251,6 +255,7 @@ def test_a_tokenizer_larger_than_the_table_is_refused(bert_dir, texts, corpus_gl
 # ------------------------------------------------------- vocabulary extension
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('variant', ['bert', 'roberta'])
 def test_added_words_are_whole_tokens_in_and_out(variant, texts, corpus_glob, tmp_path):
   """add_tokens: new ids after the table, rows = the mean of the old pieces' rows, the export's
@@ -263,7 +268,7 @@ def test_added_words_are_whole_tokens_in_and_out(variant, texts, corpus_glob, tm
   config.train.num_steps = 1
   config.train.warmup_steps = 3  # Step 1 trains with learning rate 0: rows as initialised.
   loop.train_and_evaluate(config, str(tmp_path / 'run'))
-  from mlm_jax.interop import export as export_lib
+  from mlm_jax.interop import mlm_export as export_lib
   out = str(tmp_path / 'export')
   export_lib.export(str(tmp_path / 'run'), out)
   source = transformers.AutoTokenizer.from_pretrained(hf_dir)

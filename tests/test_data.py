@@ -34,19 +34,6 @@ def test_default_corpus_is_stdlib_docstrings_read_without_importing():
   assert imported == 'False'
 
 
-def test_user_files_split_into_documents(tmp_path):
-  (tmp_path / 'a.txt').write_text('First doc\nline two.\n\n  \nSecond doc.\r\n\r\nThird.')
-  (tmp_path / 'b.txt').write_text('Only doc.')
-  docs = list(corpus.documents(str(tmp_path / '*.txt')))
-  assert docs == ['First doc\nline two.', 'Second doc.', 'Third.', 'Only doc.']
-  docs = list(corpus.documents(str(tmp_path), document_split='file'))
-  assert len(docs) == 2
-  with pytest.raises(corpus.CorpusError, match='no such file'):
-    list(corpus.documents(str(tmp_path / 'missing.txt')))
-  with pytest.raises(corpus.CorpusError, match='matches no files'):
-    list(corpus.documents(str(tmp_path / '*.jsonl')))
-
-
 def test_tokenizer_special_ids_and_padded_vocab(prepared):
   _, data = prepared
   t = data.tokenizer
@@ -110,13 +97,6 @@ def test_empty_corpus_is_a_clear_error_and_leaves_no_partial_dir(tmp_path):
     prepare.prepare(config)
   assert not data_dir.exists()
   assert not [p for p in os.listdir(tmp_path) if 'partial' in p]
-
-
-def test_validation_documents_never_appear_in_train(corpus_glob):
-  docs = list(corpus.documents(corpus_glob))
-  val = [d for d in docs if packing.is_validation(tok.sanitize(d), 0.1, 0)]
-  assert 0 < len(val) < len(docs) / 4
-  assert not set(val) & {d for d in docs if not packing.is_validation(tok.sanitize(d), 0.1, 0)}
 
 
 def _take(it, n):

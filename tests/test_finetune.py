@@ -105,6 +105,7 @@ def classified(pretrained, classify_files, tmp_path_factory):
   return out, result
 
 
+@pytest.mark.slow
 def test_classifier_learns_a_word_it_must_find(classified):
   out, result = classified
   assert result['step'] == 96    # 12 epochs of 256 rows in batches of 32.
@@ -118,6 +119,7 @@ def test_classifier_learns_a_word_it_must_find(classified):
   assert os.listdir(os.path.join(out, 'tb'))
 
 
+@pytest.mark.slow
 def test_rerun_resumes_from_the_last_checkpoint_identically(pretrained, classified,
                                                             classify_files, tmp_path):
   out, result = classified
@@ -136,6 +138,7 @@ def test_rerun_resumes_from_the_last_checkpoint_identically(pretrained, classifi
   assert again['eval_accuracy'] == result['eval_accuracy']
 
 
+@pytest.mark.slow
 def test_predict_writes_a_label_and_probabilities_per_row(classified, tmp_path):
   out, result = classified
   rows = _classify_rows(1, 64)
@@ -177,6 +180,7 @@ def tagged(pretrained_modern, tmp_path_factory):
                             _config(num_epochs=12.0)), evaluation
 
 
+@pytest.mark.slow
 def test_modern_tagger_finds_the_word_and_predicts_per_word_tags(tagged, tmp_path):
   out, result, evaluation = tagged
   assert result['eval_accuracy'] >= 0.98, result
@@ -193,6 +197,7 @@ def test_modern_tagger_finds_the_word_and_predicts_per_word_tags(tagged, tmp_pat
   assert np.mean(correct) >= 0.9
 
 
+@pytest.mark.slow
 def test_regression_follows_the_target(pretrained, tmp_path):
   def rows(seed, n):
     sentences, has = _sentences(np.random.default_rng(seed), n)
@@ -205,6 +210,7 @@ def test_regression_follows_the_target(pretrained, tmp_path):
   assert not os.path.exists(tmp_path / 'out' / 'labels.json')   # No labels: one output.
 
 
+@pytest.mark.slow
 def test_pair_classifier_reads_the_second_text(pretrained, tmp_path):
   train = _write_jsonl(tmp_path / 'train.jsonl', _pair_rows(6, 256))
   evaluation = _write_jsonl(tmp_path / 'eval.jsonl', _pair_rows(7, 64))
@@ -284,6 +290,7 @@ def test_a_tfds_split_reads_as_its_rows_with_class_names(tfds_dirs):
   assert 'tensorflow' not in sys.modules
 
 
+@pytest.mark.slow
 def test_finetune_and_predict_read_tfds_splits(pretrained, tfds_dirs, tmp_path):
   config = _config(num_epochs=12.0)
   config.data.tfds_data_dir = tfds_dirs['array_record']
@@ -345,6 +352,7 @@ BAD_TFDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', list(BAD_TFDS))
 def test_bad_tfds_input_names_split_and_fix_before_anything_is_built(case, pretrained, tfds_dirs,
                                                                       tmp_path):
@@ -361,6 +369,7 @@ def test_bad_tfds_input_names_split_and_fix_before_anything_is_built(case, pretr
 # ----------------------------------------------------------------- encoding
 
 
+@pytest.mark.slow
 def test_pair_rows_are_cls_a_sep_b_sep_with_segments_and_longest_first_truncation(pretrained):
   from mlm_jax.training import workdir as workdir_lib
   tokenizer = workdir_lib.load(pretrained).tokenizer
@@ -379,6 +388,7 @@ def test_pair_rows_are_cls_a_sep_b_sep_with_segments_and_longest_first_truncatio
   assert data_lib._pair_lengths(30, 30, 21) == (11, 10)
 
 
+@pytest.mark.slow
 def test_tag_rows_label_first_pieces_and_mark_cut_words(pretrained):
   from mlm_jax.training import workdir as workdir_lib
   tokenizer = workdir_lib.load(pretrained).tokenizer
@@ -402,6 +412,7 @@ def test_entity_f1_counts_whole_spans():
   assert half['f1'] == 0.5 and half['accuracy'] == 0.75   # A cut span is a miss.
 
 
+@pytest.mark.slow
 def test_encoder_comes_from_the_run_and_the_pooler_from_its_sentence_pair_head(pretrained):
   from mlm_jax.finetuning import step as step_lib
   from mlm_jax.runtime import sharding
@@ -451,6 +462,7 @@ BAD_INPUT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', list(BAD_INPUT))
 def test_bad_input_names_file_line_and_field_before_anything_is_built(case, pretrained, tmp_path):
   task, name, lines, message = BAD_INPUT[case]
@@ -463,6 +475,7 @@ def test_bad_input_names_file_line_and_field_before_anything_is_built(case, pret
   assert not out.exists()
 
 
+@pytest.mark.slow
 def test_eval_label_unseen_in_training_is_refused(pretrained, tmp_path):
   train = _write_jsonl(tmp_path / 'train.jsonl', [{'text': 'a', 'label': 'x'},
                                                    {'text': 'b', 'label': 'y'}])
@@ -473,6 +486,7 @@ def test_eval_label_unseen_in_training_is_refused(pretrained, tmp_path):
     loop.finetune(pretrained, str(tmp_path / 'out'), 'classify', train, evaluation, _config())
 
 
+@pytest.mark.slow
 def test_command_prints_one_error_line_and_exits_2(pretrained, tmp_path):
   import subprocess
   train = _write_jsonl(tmp_path / 'train.jsonl', [{'text': 'a', 'label': 'x'}, {'text': 'b'}])
@@ -493,8 +507,8 @@ def _export_matches_ours(out, evaluation, tmp_path, auto_class: str):
   """Exports `out`, loads it with transformers: max |ours - theirs| over the eval file's logits."""
   transformers = pytest.importorskip('transformers')
   torch = pytest.importorskip('torch')
-  from mlm_jax.finetuning import evaluate as evaluate_lib
-  from mlm_jax.finetuning import export as export_lib
+  from mlm_jax.finetuning import task_eval
+  from mlm_jax.finetuning import classifier_export as export_lib
   hf_dir = str(tmp_path / 'hf')
   model = export_lib.export(out, hf_dir)
   theirs, info = getattr(transformers, auto_class).from_pretrained(
@@ -503,7 +517,7 @@ def _export_matches_ours(out, evaluation, tmp_path, auto_class: str):
   examples = data_lib.read_examples(evaluation, model.task, labelled=False)
   encoded = data_lib.encode(examples, model.task, model.tokenizer, model.seq_len,
                             row_format=model.row_format)
-  ours = evaluate_lib.all_logits(predict_lib._logits_fn(model), encoded, 32)
+  ours = task_eval.all_logits(predict_lib._logits_fn(model), encoded, 32)
   inputs = {'input_ids': encoded.input_ids, 'attention_mask': encoded.attention_mask}
   if model.model_cfg.variant != 'modern':
     inputs['token_type_ids'] = encoded.segment_ids
@@ -517,6 +531,7 @@ def _export_matches_ours(out, evaluation, tmp_path, auto_class: str):
   return float(np.abs(ours - logits).max())
 
 
+@pytest.mark.slow
 def test_bert_classifier_exports_as_bert_for_sequence_classification(classified, classify_files,
                                                                      tmp_path):
   out, _ = classified
@@ -525,17 +540,19 @@ def test_bert_classifier_exports_as_bert_for_sequence_classification(classified,
   assert diff <= 1e-5, diff
 
 
+@pytest.mark.slow
 def test_modern_tagger_exports_as_modernbert_for_token_classification(tagged, tmp_path):
   out, _, evaluation = tagged
   diff = _export_matches_ours(out, evaluation, tmp_path, 'AutoModelForTokenClassification')
   assert diff <= 1e-5, diff
 
 
+@pytest.mark.slow
 def test_export_command_writes_the_library_export_of_a_fine_tuned_model(classified, pretrained,
                                                                         tmp_path):
   import subprocess
   pytest.importorskip('transformers')
-  from mlm_jax.finetuning import export as export_lib
+  from mlm_jax.finetuning import classifier_export as export_lib
   out, _ = classified
   command = [sys.executable, '-m', 'mlm_jax.export', f'--out={tmp_path / "cmd"}']
   result = subprocess.run(command + [f'--model={out}'], capture_output=True, text=True,
@@ -618,6 +635,7 @@ def _check_best_kept(out: str, result: dict, metric: str) -> None:
   assert model.step == result['best_step'] and model.best['value'] == best
 
 
+@pytest.mark.slow
 def test_the_best_evaluation_is_kept_and_loaded(classified):
   out, result = classified
   _check_best_kept(out, result, 'accuracy')
@@ -663,6 +681,7 @@ def published_finetuned(request, tmp_path_factory):
   return variant, hf_dir, out, result, evaluation
 
 
+@pytest.mark.slow
 def test_hf_dir_fine_tunes_keeps_the_best_and_exports(published_finetuned, tmp_path):
   variant, hf_dir, out, result, evaluation = published_finetuned
   task = PUBLISHED_TASKS[variant]
@@ -681,6 +700,7 @@ def test_hf_dir_fine_tunes_keeps_the_best_and_exports(published_finetuned, tmp_p
   assert diff <= 1e-4, diff
 
 
+@pytest.mark.slow
 def test_hf_dir_rows_are_what_its_own_tokenizer_gives(published_finetuned):
   """[CLS] a [SEP] (b [SEP]) in the checkpoint's ids: BERT's segments, RoBERTa's
   <s> a </s></s> b </s> with one segment."""

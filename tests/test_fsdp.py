@@ -10,11 +10,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import pytest
 
 from mlm_jax import model as model_lib
 from mlm_jax.runtime import sharding
 from mlm_jax.training import loop as trainer
-from mlm_jax.training import step as step_lib
+from mlm_jax.training import optimizer
+from mlm_jax.training import state as state_lib
 from tests.conftest import REPO
 from tests.conftest import model_config
 from tests.conftest import write_config_file
@@ -38,7 +40,7 @@ def test_fsdp_splits_every_matrix_and_both_adam_moments():
       adam_b2=0.999, adam_eps=1e-6, weight_decay=0.01, schedule='linear'))
   mesh = sharding.make_mesh(fsdp=4)
   assert dict(mesh.shape) == {'data': 2, 'fsdp': 4}
-  state, _ = step_lib.create_sharded_state(model_lib.BertForMLM(cfg), step_lib.make_optimizer(train),
+  state, _ = state_lib.create_sharded_state(model_lib.BertForMLM(cfg), optimizer.make_optimizer(train),
                                            jax.random.key(0), example, mesh)
   p = state.params['encoder']
   shard = lambda x: x.addressable_shards[0].data.shape
@@ -57,6 +59,7 @@ def test_fsdp_splits_every_matrix_and_both_adam_moments():
   assert per_device < 0.3 * total
 
 
+@pytest.mark.slow
 def test_fsdp4_same_losses_as_fsdp1_then_resumes_on_4_devices_with_fsdp2(prepared, tmp_path):
   config, _ = prepared
   config = config.copy_and_resolve_references()

@@ -24,12 +24,12 @@ from configs import base
 from mlm_jax import model as model_lib  # noqa: E402
 from mlm_jax.analysis import fill_mask  # noqa: E402
 from mlm_jax.data import sp_tokenizer  # noqa: E402
-from mlm_jax.interop import export as export_lib  # noqa: E402
+from mlm_jax.interop import mlm_export as export_lib  # noqa: E402
 from mlm_jax.interop import hf  # noqa: E402
 from mlm_jax.training import checkpoint  # noqa: E402
 from mlm_jax.training import init_from  # noqa: E402
 from mlm_jax.training import loop as trainer  # noqa: E402
-from mlm_jax.training import step as step_lib  # noqa: E402
+from mlm_jax.training import state as state_lib  # noqa: E402
 from tests.conftest import micro_config  # noqa: E402
 from tests.conftest import model_config
 
@@ -90,6 +90,7 @@ def _our_logits(cfg: model_lib.ModelConfig, params, batch) -> np.ndarray:
   return np.asarray(logits)[..., :cfg.vocab_size]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('shape', [
     # vocab, d, layers, heads, d_ff, positions, segments, eps
     (300, 48, 2, 3, 100, 16, 2, 1e-12),   # 3 heads, d_ff not a multiple of d, vocab % 128 != 0
@@ -129,6 +130,7 @@ ODD = model_config(vocab_size=300, padded_vocab_size=384, num_layers=2, hidden_s
                             layer_norm_eps=1e-6)
 
 
+@pytest.mark.slow
 def test_export_import_round_trip_is_exact(tmp_path):
   params = _random_params(ODD)
   hf.save_model(str(tmp_path), params, ODD, SPECIALS)
@@ -156,7 +158,7 @@ def test_bert_model_weights_keep_the_state_head(tmp_path):
   ids = np.zeros((1, 8), np.int32)
   example = {'input_ids': ids, 'attention_mask': ids + 1, 'segment_ids': ids,
              'masked_positions': ids[:, :2]}
-  state = step_lib.create_state(model, optax.sgd(0.1), jax.random.key(0), example)
+  state = state_lib.create_state(model, optax.sgd(0.1), jax.random.key(0), example)
   new = init_from.place(state, hf.load_hf_params(str(tmp_path), cfg, fallback_params=state.params))
   np.testing.assert_array_equal(
       new.params['encoder']['layer_1']['intermediate']['kernel'],
@@ -215,6 +217,7 @@ def exported(prepared, corpus_glob, tmp_path_factory):
   return export_lib.export(workdir, out), out
 
 
+@pytest.mark.slow
 def test_exported_model_matches_our_logits(exported):
   run, out = exported
   model, info = transformers.AutoModelForMaskedLM.from_pretrained(out, output_loading_info=True)
@@ -228,6 +231,7 @@ def test_exported_model_matches_our_logits(exported):
   assert diff <= 1e-5
 
 
+@pytest.mark.slow
 def test_exported_tokenizer_gives_our_ids(exported, corpus_glob):
   import glob
   run, out = exported
@@ -243,6 +247,7 @@ def test_exported_tokenizer_gives_our_ids(exported, corpus_glob):
   assert specials.mask in theirs[TOKENIZER_TEXTS.index('[MASK] starts, ends [MASK]')]
 
 
+@pytest.mark.slow
 def test_fill_mask_pipeline_agrees_with_ours(exported):
   run, out = exported
   text = 'The function returns a [MASK] of strings.'
@@ -255,6 +260,7 @@ def test_fill_mask_pipeline_agrees_with_ours(exported):
   np.testing.assert_allclose([r['score'] for r in theirs], [q for _, q in candidates], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_corrected_export_loads(exported, tmp_path):
   run, _ = exported
   export_lib.export(run.workdir, str(tmp_path), apply_embedding_correction=True)
@@ -275,6 +281,7 @@ def test_corrected_export_loads(exported, tmp_path):
                                 run.params['mlm_head']['output_bias'][:v])
 
 
+@pytest.mark.slow
 def test_export_without_safetensors_names_the_extra(exported, tmp_path, monkeypatch):
   run, _ = exported
   monkeypatch.setitem(sys.modules, 'safetensors', None)  # As if not installed.
@@ -283,6 +290,7 @@ def test_export_without_safetensors_names_the_extra(exported, tmp_path, monkeypa
   assert not os.listdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_training_continues_from_an_exported_model(exported, corpus_glob, tmp_path):
   run, out = exported
   config = micro_config(corpus_glob, str(tmp_path / 'data'))  # A fresh data dir.
@@ -305,6 +313,7 @@ def test_training_continues_from_an_exported_model(exported, corpus_glob, tmp_pa
     assert f.read() == run.tokenizer.model_proto
 
 
+@pytest.mark.slow
 def test_hf_dir_without_tokenizer_files_is_refused(exported, corpus_glob, tmp_path):
   import shutil
 

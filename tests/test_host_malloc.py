@@ -52,6 +52,7 @@ def _run(code: str, *args: str, **env: str) -> list[str]:
   return out.stdout.split('\n')
 
 
+@pytest.mark.slow
 @glibc_only
 def test_tuned_train_step_reuses_its_buffers():
   tuned = _run(_FAULTS_PER_STEP, 'on')

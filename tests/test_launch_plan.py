@@ -375,10 +375,19 @@ def test_tpu_wait_until_active_stops(states, message):
   assert error.startswith(message)
 
 
-def test_tpu_wait_until_active_forgives_a_few_failures():
-  states = iter([None] * 4 + ['CREATING'] + [None] * 4 + ['ACTIVE'])
-  out = runner.Runner('tpu_pod.sh', dry_run=True)
-  tpu.wait_until_active(out, _tpu_options(), lambda: next(states), lambda _: None)
+def test_tpu_wait_until_active_forgives_a_few_failures(capsys):
+  # Four failed describes in a row are forgiven (a fifth stops it: see
+  # test_tpu_wait_until_active_stops); a success starts the count again.
+  polled = [None] * 4 + ['CREATING'] + [None] * 4 + ['ACTIVE']
+  states, sleeps = iter(polled), []
+  out = runner.Runner('tpu_pod.sh', dry_run=False)
+  tpu.wait_until_active(out, _tpu_options(), lambda: next(states), sleeps.append)
+  assert next(states, 'all polled') == 'all polled'   # It returned at ACTIVE, not before.
+  assert sleeps == [30] * (len(polled) - 1)           # It waited after every poll but the last.
+  notes = [line.split(': ', 1)[1] for line in capsys.readouterr().err.splitlines()]
+  assert notes == [   # Not visible from the start is not news; losing sight of it again is.
+      'queued resource bert-v4 is CREATING; waiting until it is ACTIVE',
+      'queued resource bert-v4 is not visible yet; waiting until it is ACTIVE']
 
 
 def test_tpu_help(capsys):

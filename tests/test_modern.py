@@ -159,6 +159,7 @@ def test_kernels_and_remat_give_the_same_logits():
                                err_msg=str(options))
 
 
+@pytest.mark.slow
 def test_modern_trains_through_the_shared_step_on_an_fsdp_mesh():
   config = tiny.get_config()
   config.data.seq_len, config.masking.max_predictions = T, 5
@@ -206,6 +207,7 @@ def test_model_flops_count_the_geglu_mlp_and_the_local_windows():
       max_predictions=5)
 
 
+@pytest.mark.slow
 def test_modern_learns_what_only_context_gives():
   """Rows of pairs (a, f(a)), f a fixed random bijection of K equally frequent symbols.
 
@@ -217,6 +219,9 @@ def test_modern_learns_what_only_context_gives():
   """
   from ml_collections import ConfigDict
   from mlm_jax.data import masking
+  from mlm_jax.training import objective
+  from mlm_jax.training import optimizer
+  from mlm_jax.training import state as state_lib
   from mlm_jax.training import step as step_lib
   k, t, b, steps = 16, 32, 32, 300
   first = max(SPECIALS.ids) + 1
@@ -250,9 +255,9 @@ def test_modern_learns_what_only_context_gives():
                           weight_decay=0.01, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-6,
                           grad_clip_norm=1.0, schedule='linear', decay_fraction=0.2,
                           decay_shape='linear'))
-  state = step_lib.create_state(model_lib.mlm_model(cfg), step_lib.make_optimizer(train),
+  state = state_lib.create_state(model_lib.mlm_model(cfg), optimizer.make_optimizer(train),
                                 jax.random.key(0), batch(0))
-  train_step = jax.jit(step_lib.make_train_step(step_lib.learning_rate_schedule(train),
+  train_step = jax.jit(step_lib.make_train_step(optimizer.learning_rate_schedule(train),
                                                 baseline_token=first))
   for s in range(steps):
     state, _ = train_step(state, batch(s), jax.random.key(1))
@@ -261,7 +266,7 @@ def test_modern_learns_what_only_context_gives():
   for s in range(8):
     for name, v in jax.device_get(eval_step(state, batch(s, seed=99))).items():
       sums[name] = sums.get(name, 0.0) + float(v)
-  got = step_lib.slot_metrics(sums)
+  got = objective.slot_metrics(sums)
   assert got['mask_baseline_accuracy'] < 0.15, got
   assert got['mask_accuracy'] > 0.6 and got['context_ratio'] > 5, got
 
@@ -311,6 +316,7 @@ def _hf_model(transformers, seed: int = 0):
   return model
 
 
+@pytest.mark.slow
 def test_fresh_parameters_are_drawn_as_hugging_face_draws_them():
   """Every tensor of a fresh model: HF's distribution (truncated normal, std by role; norms 1)."""
   _transformers()  # Skips without the interop extra.
@@ -389,7 +395,7 @@ def test_export_loads_as_modernbert_with_our_logits_and_round_trips(attn_impleme
 @pytest.fixture(scope='module')
 def exported_run(prepared, corpus_glob, tmp_path_factory):
   """A micro run of variant 'modern' (a local layer with a window < T), trained and exported."""
-  from mlm_jax.interop import export as export_lib
+  from mlm_jax.interop import mlm_export as export_lib
   from mlm_jax.training import loop as trainer
   _transformers()
   config = as_modern(micro_config(corpus_glob, prepared[0].data.data_dir))
@@ -400,6 +406,7 @@ def exported_run(prepared, corpus_glob, tmp_path_factory):
   return export_lib.export(workdir, out), out
 
 
+@pytest.mark.slow
 def test_fill_mask_pipeline_loads_the_export_and_agrees_with_ours(exported_run):
   from mlm_jax.analysis import fill_mask
   transformers = _transformers()

@@ -16,7 +16,7 @@ import tensorflow_datasets as tfds
 from configs import base
 from mlm_jax.data import index_shuffle
 from mlm_jax.data import masking
-from mlm_jax.data import packing
+from mlm_jax.data import packed_rows
 from mlm_jax.data import pipeline as input_pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import sentence_pairs
@@ -58,11 +58,11 @@ def _packed_rows(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
   return rows
 
 
-def test_row_readers_match_tfds_decoding(prepared, tmp_path):
+def test_row_reader_matches_tfds_decoding(prepared, tmp_path):
   _, data = prepared
   tfds_source = tfds.builder_from_directory(data.rows_dir).as_data_source('train')
   dense = data.source('train')
-  assert isinstance(dense, packing.DenseRows)          # The .npy shards are read.
+  assert isinstance(dense, packed_rows.DenseRows)      # The .npy shards are read.
   assert len(dense) == len(tfds_source)
   indices = np.array([3, -1, 0, len(dense) - 1, 3])
   seq_len = len(tfds_source[0]['input_ids'])
@@ -71,13 +71,14 @@ def test_row_readers_match_tfds_decoding(prepared, tmp_path):
   np.testing.assert_array_equal(input_pipeline.RowReader(dense, S.pad)(indices), expected)
   np.testing.assert_array_equal(dense[len(dense) - 1]['input_ids'], expected[3])
   assert len(pickle.dumps(dense)) < 2000  # Worker processes get the paths, not the rows.
-  # Data prepared before the .npy shards existed: the tfds records, parsed in one call.
+  # Data prepared before the .npy shards existed: one line that says to prepare it again.
   old = tmp_path / 'old'
   shutil.copytree(data.data_dir, old)
-  shutil.rmtree(old / packing.DENSE_DIR)
-  reader = input_pipeline.RowReader(prepare.load(str(old)).source('train'), S.pad)
-  assert reader._raw is not None
-  np.testing.assert_array_equal(reader(indices), expected)
+  shutil.rmtree(old / packed_rows.DENSE_DIR)
+  with pytest.raises(prepare.DataDirError) as raised:
+    prepare.load(str(old))
+  assert '\n' not in str(raised.value)
+  assert 'delete it and prepare it again with `python -m mlm_jax.prepare' in str(raised.value)
 
 
 def test_batches_same_for_any_chunk_size(prepared):

@@ -113,6 +113,7 @@ def test_bad_input_is_one_clear_line_before_any_compile(override, field, tmp_pat
 # ---------------------------------------------------------------- compiles
 
 
+@pytest.mark.slow
 def test_base_compiles_and_fits_on_v4_32(tmp_path):
   _require_compilers('v4-32')
   code, output, r = _preflight('--config=configs/base.py', '--target=v4-32', tmp_path=tmp_path)
@@ -128,6 +129,7 @@ def test_base_compiles_and_fits_on_v4_32(tmp_path):
   assert 'compiler estimate, not measured' in output and 'OK: fits' in output
 
 
+@pytest.mark.slow
 def test_base_compiles_and_fits_on_h100x8_with_cudnn_attention(tmp_path):
   _require_compilers('h100x8')
   # The shipped defaults, nothing overridden: attention must reach the fused kernel.
@@ -141,6 +143,7 @@ def test_base_compiles_and_fits_on_h100x8_with_cudnn_attention(tmp_path):
   assert abs(r['train']['flops'] / r['model_flops_per_device'] - 1) < 0.10
 
 
+@pytest.mark.slow
 def test_large_compiles_to_cudnn_attention_at_its_shipped_defaults(tmp_path):
   _require_compilers('h100')
   code, output, r = _preflight('--config=configs/large.py', '--target=h100',
@@ -157,6 +160,7 @@ def test_asking_for_cudnn_with_attention_dropout_is_refused(tmp_path):
   assert code == 2 and "attention='cudnn'" in output
 
 
+@pytest.mark.slow
 def test_oversized_batch_is_refused_with_suggestions_that_fit(tmp_path):
   _require_compilers('h100')
   args = ('--config=configs/bert_tiny.py', '--target=h100', '--config.train.batch_size=262144')
@@ -180,6 +184,7 @@ def test_the_tpu_compilers_refusal_is_read_as_memory():
   assert preflight._refused_temporaries('INTERNAL: something else') is None
 
 
+@pytest.mark.slow
 def test_fsdp_splits_the_state_over_the_devices():
   _require_compilers('v4-32')
   from configs import bert_tiny
@@ -200,6 +205,7 @@ def test_fsdp_splits_the_state_over_the_devices():
 # -------------------------------------------------------------- on the CPU
 
 
+@pytest.mark.slow
 def test_bf16_train_step_runs_on_cpu(prepared):
   """The accelerator dtype path, run here: bf16 compute, float32 state, loss going down."""
   from mlm_jax.data import masking

@@ -19,6 +19,7 @@ from tests.conftest import REPO
 _FAST = scalar_mix.ProbeConfig(hidden=32, steps=150)
 
 
+@pytest.mark.slow
 def test_probe_finds_a_planted_signal_in_its_layer_and_the_mix_weights_sum_to_1():
   rng = np.random.default_rng(0)
   n, dim, num_classes = 600, 16, 3
@@ -97,6 +98,7 @@ def _evaluate(workdir: str, task: str, examples: int, monkeypatch) -> tuple[dict
   return report, report['tasks'][0]
 
 
+@pytest.mark.slow
 def test_evaluate_compares_the_run_with_a_random_init_of_its_shape_per_seed(pretrained,
                                                                            monkeypatch):
   report, row = _evaluate(pretrained, 'docstring_package', 800, monkeypatch)
@@ -117,6 +119,7 @@ def test_evaluate_compares_the_run_with_a_random_init_of_its_shape_per_seed(pret
   assert fresh_table.shape == trained_table.shape and not np.allclose(fresh_table, trained_table)
 
 
+@pytest.mark.slow
 def test_probe_run_writes_its_report_and_plot(pretrained, tmp_path, monkeypatch):
   monkeypatch.setattr(tasks, 'TASK_EXAMPLES', 600)
   report = runs.probe_run(pretrained, 'bigram_shift', seed=0, cfg=_FAST)
@@ -128,6 +131,7 @@ def test_probe_run_writes_its_report_and_plot(pretrained, tmp_path, monkeypatch)
   assert 'expected layer' in text and text.count('\n') >= 5
 
 
+@pytest.mark.slow
 def test_features_are_per_layer_means_over_real_tokens(pretrained):
   from mlm_jax.training import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   run = workdir_lib.load(pretrained)
@@ -140,8 +144,9 @@ def test_features_are_per_layer_means_over_real_tokens(pretrained):
   np.testing.assert_allclose(alone[:, 0], pooled[:, 0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_commands_refuse_a_directory_that_is_not_a_run(tmp_path):
-  for command in (['mlm_jax.probe', '--task=bigram_shift'], ['mlm_jax.evaluate']):
+  for command in (['mlm_jax.probe', '--task=bigram_shift'], ['mlm_jax.probe_suite']):
     bad = subprocess.run([sys.executable, '-m', command[0], f'--workdir={tmp_path}', *command[1:]],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2, bad.stderr[-2000:]
@@ -158,6 +163,7 @@ def pretrained_modern(prepared, tmp_path_factory):
       'train.checkpoint_every': 400})
 
 
+@pytest.mark.slow
 def test_pretrained_encoder_beats_its_random_init_on_sentence_length(pretrained_modern,
                                                                      monkeypatch):
   # Where the figures over 3 seeds and all tasks live: docs/probing.md.

@@ -258,6 +258,7 @@ def test_unknown_and_unreadable_checkpoints_are_named(checkpoints, tmp_path):
       checkpoints['roberta'])
 
 
+@pytest.mark.slow
 def test_roberta_trained_here_exports_its_positions_after_its_pad_id(tmp_path):
   """A variant 'roberta' model with this project's ids ([PAD]=0): RoBERTa numbers positions
   from padding_idx + 1 = 1, so the export has one row before ours, and imports drop it."""

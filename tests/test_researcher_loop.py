@@ -56,6 +56,7 @@ def _scalars(logdir):
   return acc
 
 
+@pytest.mark.slow
 def test_tensorboard_has_every_logged_scalar_at_its_step_and_the_hparams(run):
   config, workdir, _ = run
   acc = _scalars(os.path.join(workdir, 'tb'))
@@ -87,6 +88,7 @@ def test_tensorboard_has_every_logged_scalar_at_its_step_and_the_hparams(run):
   assert start.hparams['data.corpus'].string_value == config.data.corpus
 
 
+@pytest.mark.slow
 def test_resumed_run_counts_all_tokens_and_tensorboard_hides_the_lost_steps(run, tmp_path):
   config, workdir, summary = run
   resumed = str(tmp_path / 'resumed')
@@ -128,6 +130,7 @@ def _assert_png(path):
   assert head == PNG_MAGIC and os.path.getsize(path) > 5000, path
 
 
+@pytest.mark.slow
 def test_plots_of_one_run(run):
   _, workdir, _ = run
   paths = plot.plot_runs([workdir])
@@ -139,6 +142,7 @@ def test_plots_of_one_run(run):
     _assert_png(p)
 
 
+@pytest.mark.slow
 def test_plot_command_overlays_two_runs(run, tmp_path):
   _, workdir, _ = run
   other = tmp_path / 'run_b'
@@ -157,6 +161,7 @@ def test_plot_command_overlays_two_runs(run, tmp_path):
   assert plot.run_labels(['/x/a/run', '/x/b/run', '/y/c']) == ['a/run', 'b/run', 'y/c']
 
 
+@pytest.mark.slow
 def test_profile_holds_a_trace_of_the_profiled_steps(run):
   _, workdir, _ = run
   xplanes = glob.glob(os.path.join(workdir, 'profile', 'plugins', 'profile', '*', '*.xplane.pb'))
@@ -169,6 +174,7 @@ def test_profile_holds_a_trace_of_the_profiled_steps(run):
   assert steps == {2, 3, 4}
 
 
+@pytest.mark.slow
 def test_layer_report_has_one_row_per_layer(run):
   config, workdir, _ = run
   report = layer_report.layer_report(workdir)
@@ -193,6 +199,7 @@ def test_layer_report_has_one_row_per_layer(run):
   assert one['num_batches'] == 1 and one['layers'][0]['num_masked'] < rows[0]['num_masked']
 
 
+@pytest.mark.slow
 def test_all_layers_leaves_the_parameters_and_the_default_output_alone():
   cfg = model_config(vocab_size=300, padded_vocab_size=384, num_layers=2,
                               hidden_size=16, num_heads=2, intermediate_size=32,
@@ -212,6 +219,7 @@ def test_all_layers_leaves_the_parameters_and_the_default_output_alone():
   np.testing.assert_array_equal(logits, model.apply(params, batch))
 
 
+@pytest.mark.slow
 def test_summary_json(run):
   config, workdir, summary = run
   with open(os.path.join(workdir, 'summary.json')) as f:
@@ -285,6 +293,7 @@ def test_flops_formula_and_peaks():
   assert flops.mfu(None, 1e9, 1e12, 1) is None and flops.mfu(1.0, 1e9, None, 1) is None
 
 
+@pytest.mark.slow
 def test_eval_reports_mask_slots_against_the_most_frequent_token(run):
   _, workdir, summary = run
   last = [r for r in _records(workdir) if 'eval_loss' in r][-1]

@@ -15,6 +15,7 @@ import json
 import pathlib
 
 import numpy as np
+import pytest
 
 from tests.conftest import micro_config
 
@@ -38,6 +39,7 @@ def synthetic_corpus(directory: pathlib.Path) -> str:
   return str(directory / '*.txt')
 
 
+@pytest.mark.slow
 def test_sentencepiece_tokenizer_rows_and_losses_are_as_recorded(tmp_path):
   from mlm_jax.training import loop
   config = micro_config(synthetic_corpus(tmp_path / 'corpus'), str(tmp_path / 'data'))

@@ -34,6 +34,7 @@ def _config(prepared, variant):
   return config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('variant', ['bert', 'modern'])
 def test_both_systems_train_and_score_the_same_masked_tokens(prepared, tmp_path, variant,
                                                               monkeypatch):

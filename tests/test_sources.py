@@ -11,6 +11,7 @@ import sys
 import time
 import tracemalloc
 
+import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -18,8 +19,10 @@ import tensorflow_datasets as tfds
 from mlm_jax import configuration as config_lib
 from mlm_jax.data import corpus
 from mlm_jax.data import line_sample
+from mlm_jax.data import packed_rows
 from mlm_jax.data import packing
 from mlm_jax.data import prepare
+from mlm_jax.data import tokenizer as tok
 from tests.conftest import REPO
 from tests.conftest import micro_config
 from tests.conftest import write_config_file
@@ -61,7 +64,7 @@ def _assert_same_data(a: prepare.PreparedData, b: prepare.PreparedData) -> None:
     files[data.data_dir] = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob('*')
                             if p.is_file() and (p.name == 'tokenizer.model'
                                                 or 'array_record' in p.name
-                                                or p.parent.name == packing.DENSE_DIR)}
+                                                or p.parent.name == packed_rows.DENSE_DIR)}
   if files[a.data_dir].keys() == files[b.data_dir].keys():
     assert files[a.data_dir] == files[b.data_dir]
   for split in ('train', 'validation'):
@@ -78,6 +81,40 @@ def _config(corpus_spec: str, data_dir, workers: int = 1, **data):
   return config
 
 
+def _documents(spec: str, document_split: str = 'blank_line',
+               text_key: str = 'text') -> list[str]:
+  """All documents of a config.data.corpus value, in order, each whole (its pieces joined)."""
+  c = corpus.resolve(ml_collections.ConfigDict({'corpus': spec, 'document_split': document_split,
+                                                'text_key': text_key, 'tfds_name': ''}))
+  tally, docs = corpus.Tally(), []
+  for unit in c.units:
+    for first, piece in c.pieces(unit, tally):
+      if first:
+        docs.append([])
+      docs[-1].append(piece)
+  return [' '.join(pieces) for pieces in docs]
+
+
+def test_user_files_split_into_documents(tmp_path):
+  (tmp_path / 'a.txt').write_text('First doc\nline two.\n\n  \nSecond doc.\r\n\r\nThird.')
+  (tmp_path / 'b.txt').write_text('Only doc.')
+  docs = _documents(str(tmp_path / '*.txt'))
+  assert docs == ['First doc\nline two.', 'Second doc.', 'Third.', 'Only doc.']
+  docs = _documents(str(tmp_path), document_split='file')
+  assert len(docs) == 2
+  with pytest.raises(corpus.CorpusError, match='no such file'):
+    _documents(str(tmp_path / 'missing.txt'))
+  with pytest.raises(corpus.CorpusError, match='matches no files'):
+    _documents(str(tmp_path / '*.jsonl'))
+
+
+def test_validation_documents_never_appear_in_train(corpus_glob):
+  docs = _documents(corpus_glob)
+  val = [d for d in docs if packing.is_validation(tok.sanitize(d), 0.1, 0)]
+  assert 0 < len(val) < len(docs) / 4
+  assert not set(val) & {d for d in docs if not packing.is_validation(tok.sanitize(d), 0.1, 0)}
+
+
 def test_every_file_kind_gives_the_same_documents(tmp_path):
   docs = DOCS[:6]
   (tmp_path / 'a.txt').write_text('\n\n'.join(docs[:2]))
@@ -89,12 +126,12 @@ def test_every_file_kind_gives_the_same_documents(tmp_path):
   with gzip.open(tmp_path / 'sub' / 'd.jsonl.gz', 'wt') as f:
     f.write('\n'.join(lines[1:]) + '\n')
   # A directory (recursive), a glob and a comma-separated list of them.
-  assert list(corpus.documents(str(tmp_path))) == docs
-  assert list(corpus.documents(f'{tmp_path}/*.txt*,{tmp_path}/sub/*.jsonl*')) == docs
-  assert list(corpus.documents(str(tmp_path / 'sub' / 'c.jsonl'))) == docs[4:5]
+  assert _documents(str(tmp_path)) == docs
+  assert _documents(f'{tmp_path}/*.txt*,{tmp_path}/sub/*.jsonl*') == docs
+  assert _documents(str(tmp_path / 'sub' / 'c.jsonl')) == docs[4:5]
   # jsonl with another field name.
   (tmp_path / 'e.jsonl').write_text(json.dumps({'body': 'Body text.'}) + '\n')
-  assert list(corpus.documents(str(tmp_path / 'e.jsonl'), text_key='body')) == ['Body text.']
+  assert _documents(str(tmp_path / 'e.jsonl'), text_key='body') == ['Body text.']
 
 
 def test_bad_inputs_are_used_or_skipped_and_counted(tmp_path, monkeypatch):
@@ -137,8 +174,8 @@ def test_bad_inputs_are_used_or_skipped_and_counted(tmp_path, monkeypatch):
   # Repaired text is in the rows: invalid bytes became U+FFFD, CRLF a newline.
   assert _in_rows(data, 'Caf\ufffd cr\ufffdme, na\ufffdve.')
   assert _in_rows(data, 'First line.\nSecond line.') and _in_rows(data, 'Next document.')
-  assert list(corpus.documents(str(d / 'windows.txt'))) == ['First line.\nSecond line.',
-                                                            'Next document.']
+  assert _documents(str(d / 'windows.txt')) == ['First line.\nSecond line.',
+                                                'Next document.']
 
 
 def test_a_100_mb_line_streams_in_bounded_memory(tmp_path):
@@ -487,7 +524,7 @@ def test_the_prepare_command_prepares_once_and_reports(tmp_path):
   first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert first.returncode == 0, first.stderr[-2000:]
   assert 'Prepared ' in first.stdout and f'Data dir: {data_dir}' in first.stdout
-  assert (data_dir / 'fingerprint.json').exists() and (data_dir / packing.DENSE_DIR).is_dir()
+  assert (data_dir / 'fingerprint.json').exists() and (data_dir / packed_rows.DENSE_DIR).is_dir()
   again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert again.returncode == 0 and 'Prepared ' not in again.stdout   # Reused, not redone.
   bad = subprocess.run(cmd + ['--config.data.num_workers=-1'], cwd=REPO, capture_output=True,

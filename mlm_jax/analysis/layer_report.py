@@ -28,12 +28,12 @@ from mlm_jax import model as model_lib
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline as input_pipeline
 from mlm_jax.data import prepare as prepare_lib
-from mlm_jax.training import step as step_lib
+from mlm_jax.training import objective
 from mlm_jax.training import workdir as workdir_lib
 
 
 def _layer_terms_fn(model: model_lib.BertForMLM, baseline_token: int):
-  """jit(params, batch) -> the sums of step.mlm_loss_terms, each [L + 1]."""
+  """jit(params, batch) -> the sums of objective.mlm_loss_terms, each [L + 1]."""
 
   def layer_terms(params, batch):
     layers = model.apply({'params': params}, batch, method=model_lib.BertForMLM.all_layers)
@@ -41,8 +41,8 @@ def _layer_terms_fn(model: model_lib.BertForMLM, baseline_token: int):
     def one_layer(sequence):  # [B, T, d] -> scalar sums
       logits = model.apply({'params': params}, sequence, batch['masked_positions'],
                            method=model_lib.BertForMLM.mlm_logits)
-      return step_lib.mlm_loss_terms(logits, batch['masked_ids'], batch['masked_weights'],
-                                     batch['masked_kinds'], baseline_token)
+      return objective.mlm_loss_terms(logits, batch['masked_ids'], batch['masked_weights'],
+                                      batch['masked_kinds'], baseline_token)
 
     # One layer's [B, P, V] logits at a time, not all L + 1 at once.
     return jax.lax.map(one_layer, layers)
@@ -89,7 +89,7 @@ def layer_report(workdir: str, *, max_batches: int | None = None,
     num_batches += 1
 
   denom = np.maximum(totals['weight_sum'], 1.0)
-  by_layer = [step_lib.slot_metrics({k: v[i] for k, v in totals.items()})
+  by_layer = [objective.slot_metrics({k: v[i] for k, v in totals.items()})
               for i in range(num_layers)]
   layers = [{'layer': i,
              'module': 'encoder/embeddings' if i == 0 else f'encoder/layer_{i - 1}',

@@ -37,7 +37,8 @@ from mlm_jax.interop import torch_mlm
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
 from mlm_jax.training import loop
-from mlm_jax.training import step as step_lib
+from mlm_jax.training import objective
+from mlm_jax.training import optimizer
 
 SYSTEMS = ('ours', 'hf')
 # Figures each system reports per seed (the eval figures of summary.json, without 'eval_').
@@ -151,7 +152,7 @@ def train_hf_model(config: ml_collections.ConfigDict, log: Callable[[str], None]
                              use_gpu=jax.default_backend() == 'gpu')
   train = config.train
   # Step s (from 1) trains with schedule(s - 1), as optax counts.
-  lrs = np.asarray(step_lib.learning_rate_schedule(train)(np.arange(train.num_steps)))
+  lrs = np.asarray(optimizer.learning_rate_schedule(train)(np.arange(train.num_steps)))
   batches = pipeline.train_batches(
       data.source('train'), masker, global_batch=train.batch_size, seed=config.seed,
       prefetch=config.input.prefetch, worker_count=config.input.worker_count)
@@ -192,12 +193,12 @@ def evaluate_hf(model: torch_mlm.TorchMLM, data: prepare.PreparedData, masker: m
       _add_sums(sums, f'{name}_', correct[sel], loss[sel], hit[sel])
   denom = max(sums['weight_sum'], 1.0)
   return {'loss': sums['loss_sum'] / denom, 'mlm_accuracy': sums['correct_sum'] / denom,
-          **step_lib.slot_metrics(sums)}
+          **objective.slot_metrics(sums)}
 
 
 def _add_sums(sums: dict[str, float], prefix: str, correct: np.ndarray, loss: np.ndarray,
               baseline_hit: np.ndarray) -> None:
-  """Adds step.mlm_loss_terms' sums (names and meaning) for one batch's tokens."""
+  """Adds objective.mlm_loss_terms' sums (names and meaning) for one batch's tokens."""
   for name, value in (('loss_sum', loss.sum()), ('correct_sum', correct.sum()),
                       ('weight_sum', correct.size), ('baseline_sum', baseline_hit.sum())):
     sums[prefix + name] = sums.get(prefix + name, 0.0) + float(value)

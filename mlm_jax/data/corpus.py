@@ -75,17 +75,6 @@ UNIT_BYTES = 16 << 20
 TFDS_RECORDS_PER_UNIT = 10_000
 # Bytes sniffed for NULs: a file holding one is binary, not text.
 _SNIFF_BYTES = 8192
-_REPLACE_ERRORS = 'mlm_jax.replace_counted'
-_replaced_bytes = [0]
-
-
-def _replace_counted(e: UnicodeDecodeError) -> tuple[str, int]:
-  """Python's 'replace' decoding (one U+FFFD per invalid run), counting the bytes."""
-  _replaced_bytes[0] += e.end - e.start
-  return '\ufffd', e.end
-
-
-codecs.register_error(_REPLACE_ERRORS, _replace_counted)
 
 
 class CorpusError(ValueError):
@@ -439,6 +428,62 @@ class _ByteRange(io.RawIOBase):
     super().close()
 
 
+class _Utf8Counted(io.RawIOBase):
+  """A binary stream read through unchanged, counting its bytes that are not valid UTF-8.
+
+  `invalid_bytes`: how many of the bytes read so far Python's 'replace'
+  decoding turns into U+FFFD (one U+FFFD per invalid sequence, of 1 to 3
+  bytes). Each reading of a file owns one, so no count is shared.
+  """
+
+  def __init__(self, raw: io.IOBase):
+    super().__init__()
+    self._raw = raw
+    self._pending = b''  # The start of a character not read whole yet.
+    self.invalid_bytes = 0
+
+  def readable(self) -> bool:
+    return True
+
+  def readinto(self, buffer) -> int:
+    n = self._raw.readinto(buffer)
+    view = memoryview(buffer)
+    # In small blocks, so that an ASCII block (most of them, in most text)
+    # is only looked at, not decoded.
+    for start in range(0, n, 4096):
+      self._check(view[start:min(start + 4096, n)], final=False)
+    if not n:
+      self._check(b'', final=True)
+    return n
+
+  def _check(self, block, final: bool) -> None:
+    data = self._pending + block
+    if data.isascii():
+      self._pending = b''
+      return
+    try:
+      _, used = codecs.utf_8_decode(data, 'strict', final)
+    except UnicodeDecodeError:
+      text, used = codecs.utf_8_decode(data, 'surrogateescape', final)
+      # Each invalid byte became one lone surrogate, which valid UTF-8 never
+      # gives and encoding with 'ignore' drops.
+      self.invalid_bytes += used - len(text.encode('utf-8', 'ignore'))
+    self._pending = data[used:]
+
+  def close(self) -> None:
+    self._raw.close()
+    super().close()
+
+
+def _decode_utf8(data: bytes) -> tuple[str, int]:
+  """`data` decoded as Python's 'replace' decodes it, and how many of its bytes were invalid."""
+  try:
+    return data.decode('utf-8'), 0
+  except UnicodeDecodeError:
+    escaped = data.decode('utf-8', 'surrogateescape')  # See _Utf8Counted.readinto.
+    return data.decode('utf-8', 'replace'), len(data) - len(escaped.encode('utf-8', 'ignore'))
+
+
 class _Pieces:
   """Cuts one document into stripped pieces of at most PIECE_CHARS, at whitespace."""
 
@@ -536,11 +581,11 @@ def _file_pieces(path: str, document_split: str, text_key: str, tally: Tally,
     if first_range:
       tally.skip(path, 'binary', f'binary (NUL bytes in the first {_SNIFF_BYTES} bytes)')
     return
-  _replaced_bytes[0] = 0
-  long_docs, num_docs, newlines = [0], 0, None
+  long_docs, num_docs, newlines, counted = [0], 0, None, None
   try:
-    with io.TextIOWrapper(_open_binary(path, byte_range), encoding='utf-8',
-                          errors=_REPLACE_ERRORS, newline=None) as f:
+    counted = _Utf8Counted(_open_binary(path, byte_range))
+    with io.TextIOWrapper(io.BufferedReader(counted, buffer_size=1 << 20), encoding='utf-8',
+                          errors='replace', newline=None) as f:
       pieces = (_jsonl_pieces(f, name, text_key, tally, long_docs) if _is_jsonl(path)
                 else _text_pieces(f, document_split, long_docs))
       for first, piece in pieces:
@@ -549,14 +594,14 @@ def _file_pieces(path: str, document_split: str, text_key: str, tally: Tally,
       newlines = f.newlines
   except (OSError, EOFError, zlib.error) as e:
     tally.skip(name, 'read_error', f'read error after {num_docs} documents (kept): {e}')
+  invalid = counted.invalid_bytes if counted is not None else 0
   if num_docs and first_range:
     tally.counts['files_used'] += 1
   elif first_range and not any(s['input'] == name for s in tally.skipped):
     tally.skip(name, 'no_text', 'no text (only whitespace)')
-  if _replaced_bytes[0]:
-    tally.repair(name, 'invalid_utf8_files',
-                 f'invalid UTF-8: {_replaced_bytes[0]} bytes replaced by U+FFFD')
-    tally.counts['invalid_utf8_bytes'] += _replaced_bytes[0]
+  if invalid:
+    tally.repair(name, 'invalid_utf8_files', f'invalid UTF-8: {invalid} bytes replaced by U+FFFD')
+    tally.counts['invalid_utf8_bytes'] += invalid
   if newlines and '\r\n' in newlines and first_range:
     tally.repair(path, 'crlf_files', 'Windows (CRLF) line endings read as newlines')
   if long_docs[0]:
@@ -566,42 +611,23 @@ def _file_pieces(path: str, document_split: str, text_key: str, tally: Tally,
 
 def _tfds_pieces(source, unit: Unit, name: str, text_key: str,
                  tally: Tally) -> Iterator[tuple[bool, str]]:
-  _replaced_bytes[0] = 0
-  long_docs = 0
+  long_docs = invalid = 0
   for i in range(unit.start, unit.stop):
     text = source[i][text_key]
     if isinstance(text, bytes):
-      text = text.decode('utf-8', _REPLACE_ERRORS)
+      text, bad = _decode_utf8(text)
+      invalid += bad
     doc = _Pieces()
     yield from doc.add(text)
     yield from doc.end()
     long_docs += doc.num_pieces > 1
   label = f'{name}[{unit.start}:{unit.stop}]'
-  if _replaced_bytes[0]:
-    tally.repair(label, 'invalid_utf8_files',
-                 f'invalid UTF-8: {_replaced_bytes[0]} bytes replaced by U+FFFD')
-    tally.counts['invalid_utf8_bytes'] += _replaced_bytes[0]
+  if invalid:
+    tally.repair(label, 'invalid_utf8_files', f'invalid UTF-8: {invalid} bytes replaced by U+FFFD')
+    tally.counts['invalid_utf8_bytes'] += invalid
   if long_docs:
     tally.repair(label, 'long_documents', f'documents over {PIECE_CHARS:,} characters read and '
                  'tokenized in pieces', long_docs)
-
-
-def documents(corpus: str, document_split: str = 'blank_line',
-              text_key: str = 'text') -> Iterator[str]:
-  """All documents of a corpus option, in order, each whole (for tests and small corpora)."""
-  data = ml_collections.ConfigDict({'corpus': corpus, 'document_split': document_split,
-                                    'text_key': text_key, 'tfds_name': ''})
-  c = resolve(data)
-  tally = Tally()
-  doc: list[str] = []
-  for unit in c.units:
-    for first, piece in c.pieces(unit, tally):
-      if first and doc:
-        yield ' '.join(doc)
-        doc = []
-      doc.append(piece)
-  if doc:
-    yield ' '.join(doc)
 
 
 def check_config(data: ml_collections.ConfigDict, check_paths: bool = True) -> None:

@@ -11,10 +11,9 @@ are selected ([CLS], [SEP] and [PAD] never are, by the tokenizer's ids:
               any piece right after [CLS], [SEP] or [PAD], plus the pieces
               that continue it; a word that would overshoot the budget is
               skipped (as in BERT's and Hugging Face's whole-word masking),
-              so k is exact whenever some unselected word still fits: 99.3%
-              of the default corpus's rows with configs/tiny.py (1000
-              pieces), 99.9% with 12k pieces.
-              Other rows get fewer, never a split word.
+              so k is exact whenever some unselected word still fits (most
+              rows; docs/data.md) and other rows get fewer, never a split
+              word.
   span        contiguous spans (SpanBERT) with lengths ~ Geometric(p) clipped
               at a maximum, until exactly k tokens are covered (the last span
               is cut to fit); spans are placed uniformly at random, apart

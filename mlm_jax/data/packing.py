@@ -3,15 +3,12 @@
 A unit's documents become units/NNNNNN/ (int32 ids of its documents, their
 lengths and splits); row r of a split is the slice [r(T-2), (r+1)(T-2)) of
 that split's stream `doc [SEP] doc [SEP] ...` over all units in order, so each
-array_record shard is computed from the unit files alone, by any worker.
-Everything is written under a temporary name and renamed when complete.
+shard is computed from the unit files alone, by any worker. Everything is
+written under a temporary name and renamed when complete.
 
 Each shard is written twice: as the tfds array_record dataset (tf.Example
 records, what tfds and other tools read) and as a plain .npy array of its
-rows (uint16 ids while the vocabulary fits, else int32) under DATA_DIR/rows/,
-which the input pipeline reads: a random row of the array_record shard costs
-~11 us to decompress and ~6 us to parse, a row of the memory-mapped array
-well under one (DenseRows).
+rows under DATA_DIR/rows/, which the input pipeline reads (data/packed_rows.py).
 """
 
 from __future__ import annotations
@@ -39,14 +36,13 @@ from tensorflow_datasets.proto import tf_example_pb2
 
 from mlm_jax.data import corpus as corpus_lib
 from mlm_jax.data import line_sample
+from mlm_jax.data import packed_rows
 from mlm_jax.data import tokenizer as tok_lib
 
 # Texts per tokenizer encode call.
 _DOCS_PER_CHUNK = 2000
 ROWS_NAME, ROWS_VERSION = 'mlm_rows', '1.0.0'
 FILENAME_TEMPLATE = '{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}'
-# The rows as .npy arrays, one per shard, under the data dir.
-DENSE_DIR = 'rows'
 
 
 def is_validation(text: str, fraction: float, seed: int) -> bool:
@@ -165,14 +161,13 @@ class Pool:
           bar.update()
           yield result
 
-
   @contextlib.contextmanager
   def meanwhile(self, fn: Callable, tasks: Iterable[tuple]) -> Iterator[None]:
     """fn(*task) in the pool's workers while this process does other work.
 
     At most workers - 1 tasks run at once, so that one core stays with this
-    process (sentencepiece's training is mostly one thread: with a task on
-    every core beside it, it ran 50% longer). On leaving, the tasks not
+    process (sentencepiece's training is mostly one thread, and slows down
+    when a task holds every other core). On leaving, the tasks not
     started are dropped and the running ones finished. Their results and
     errors are not kept, so the caller must not depend on them: a task that
     failed here is done again, and its error reported, by the stage that
@@ -224,7 +219,7 @@ def read_unit(index: int, unit: corpus_lib.Unit, units_dir: str) -> None:
 
   The unit's pieces as tokenize_unit would read them (sanitized, each
   document's split decided), with the tally of its input, so that stage 2
-  only encodes them. About a third of stage 2's time on plain text.
+  only encodes them.
   """
   tally = corpus_lib.Tally()
   pieces = list(document_pieces(unit, tally))
@@ -371,11 +366,11 @@ def write_shard(split: str, k: int, num_shards: int, r0: int, r1: int,
     os.replace(tmp, os.path.join(counts_dir, f'train-{k:05d}.npy'))
   tmp = os.path.join(tmp_dir, f'{split}-{k:05d}-{os.getpid()}.npy')
   np.save(tmp, rows.astype(dense_dtype(tokenizer.vocab_size)))
-  os.replace(tmp, dense_path(dense_dir, split, k, num_shards))
+  os.replace(tmp, packed_rows.dense_path(dense_dir, split, k, num_shards))
   tmp = os.path.join(tmp_dir, f'{split}-{k:05d}-{os.getpid()}')
   # One record per chunk, as tfds writes them, but not compressed: a row of
-  # varints does not shrink on its own (338 vs 324 bytes), and compressing
-  # each one costs ~8 us. Readers take the options from the file.
+  # varints barely shrinks on its own, so compressing each one would cost
+  # time and save no space. Readers take the options from the file.
   writer = array_record_module.ArrayRecordWriter(tmp, 'group_size:1,uncompressed')
   for row in rows:
     writer.write(serialize_row(row))
@@ -387,8 +382,9 @@ def write_shard(split: str, k: int, num_shards: int, r0: int, r1: int,
 def serialize_row(row: np.ndarray) -> bytes:
   """The tf.Example of one row, byte for byte what features(T).serialize_example gives.
 
-  Built with the protobuf class directly: ~9 us a row against ~33 us through
-  tfds's generic feature encoding (tests/test_data.py compares the bytes).
+  Built with the protobuf class directly, which costs a fraction of tfds's
+  generic feature encoding per row; tests/test_data.py checks the bytes are
+  the same.
   """
   example = tf_example_pb2.Example()
   example.features.feature['input_ids'].int64_list.value.extend(row.tolist())
@@ -412,45 +408,5 @@ def shard_path(rows_dir: str, split: str, k: int, num_shards: int) -> str:
 
 
 def dense_dtype(vocab_size: int) -> type:
+  """The dtype of the .npy rows: uint16 while every id fits, else int32."""
   return np.uint16 if vocab_size <= 1 << 16 else np.int32
-
-
-def dense_path(dense_dir: str, split: str, k: int, num_shards: int) -> str:
-  return os.path.join(dense_dir, f'{split}-{k:05d}-of-{num_shards:05d}.npy')
-
-
-class DenseRows:
-  """A split's rows from its .npy shards, memory-mapped: `read(indices [n]) -> int32 [n, T]`.
-
-  Also a random-access source like tfds's (`len`, `source[i]['input_ids']`).
-  Pickles as its paths (for grain's worker processes); each process maps the
-  files itself, so the rows are read through the OS page cache, not copied.
-  """
-
-  def __init__(self, paths: Sequence[str]):
-    self.paths = list(paths)
-    lengths = [np.load(p, mmap_mode='r').shape[0] for p in self.paths]
-    self.starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    self._arrays: list[np.ndarray] | None = None
-
-  def __getstate__(self) -> dict:
-    return {'paths': self.paths, 'starts': self.starts, '_arrays': None}
-
-  def __len__(self) -> int:
-    return int(self.starts[-1])
-
-  def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-    if not 0 <= i < len(self):
-      raise IndexError(f'row {i} of {len(self)}')
-    return {'input_ids': self.read(np.array([i]))[0]}
-
-  def read(self, indices: np.ndarray) -> np.ndarray:
-    if self._arrays is None:
-      self._arrays = [np.load(p, mmap_mode='r') for p in self.paths]
-    indices = np.asarray(indices, np.int64)
-    shard = np.searchsorted(self.starts, indices, side='right') - 1
-    out = np.empty((len(indices), self._arrays[0].shape[1]), np.int32)
-    for k in np.unique(shard):
-      here = shard == k
-      out[here] = self._arrays[k][indices[here] - self.starts[k]]
-    return out

@@ -1,18 +1,19 @@
 """Grain input pipeline over the prepared rows: numpy only, no model code.
 
 Global batch s holds the rows s*B .. s*B+B-1 of the repeated dataset,
-shuffled anew every epoch (grain's index_shuffle, see stream_to_source). Process p of n reads only its own
-contiguous slice of b = B/n rows of every global batch, so the global batch
-and its masks are the same whatever the number of processes or devices:
+shuffled anew every epoch (grain's index_shuffle, see stream_to_source).
+Process p of n reads only its own contiguous slice of b = B/n rows of every
+global batch, so the global batch and its masks are the same whatever the
+number of processes or devices:
 
   rows of the shuffled stream:  | step s: p0 p1 ... p(n-1) | step s+1: ... |
 
-Masks are keyed by (seed, step, global row index). A worker reads the rows of several consecutive steps at once, masks them
-in one vectorised call (numpy's per-call cost is ~0.3 ms, a batch of 16 rows
-alone would pay it 16 times over) and the main process splits the chunk back
-into steps. With `worker_count` > 0 grain runs that in worker processes, chunk
-c in worker c mod worker_count, interleaved back in order, so the batches are
-the same for any worker count.
+Masks are keyed by (seed, step, global row index). A worker reads the rows
+of several consecutive steps at once, masks them in one vectorised call (so
+numpy's fixed cost per call is paid once per chunk, not once per step) and
+the main process splits the chunk back into steps. With `worker_count` > 0
+grain runs that in worker processes, chunk c in worker c mod worker_count,
+interleaved back in order, so the batches are the same for any worker count.
 
 Sentence pairs (NSP/SOP) are built by data/sentence_pairs.py before masking.
 """
@@ -28,13 +29,12 @@ import grain
 import ml_collections
 import numpy as np
 from absl import flags
-from tensorflow_datasets.proto import tf_example_pb2
 
 from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
 from mlm_jax.data import index_shuffle
 from mlm_jax.data import masking
-from mlm_jax.data import packing
+from mlm_jax.data import packed_rows
 from mlm_jax.data import sentence_pairs
 
 # Rows read and masked per call in a worker (rounded to whole steps).
@@ -45,39 +45,17 @@ class RowReader:
   """Reads rows by index: `reader(indices: [n]) -> input_ids [n, T] int32`; index -1: a row of
   `pad_id` (the tokenizer's [PAD]).
 
-  The prepared .npy shards (packing.DenseRows) are read as arrays. A tfds
-  array_record source of the same layout (data prepared before those shards
-  existed) is read in one call per batch with the tf.Example protos parsed
-  here, ~3x faster than tfds's generic per-feature decoding; any other source
-  (anything with `source[i]['input_ids']`) is read row by row.
+  `source`: a split's prepared rows (packed_rows.DenseRows), read in one call
+  per batch, or any sequence of {'input_ids': [T]} rows (such as rows built in
+  memory), read one at a time.
   """
 
-  def __init__(self, source: Any, pad_id: int):
+  def __init__(self, source: packed_rows.DenseRows | Sequence[dict[str, np.ndarray]],
+               pad_id: int):
     self.source = source
     self.pad_id = pad_id
-    first = np.asarray(source[0]['input_ids'], np.int32)
-    self.seq_len = len(first)
-    self._dense = source if isinstance(source, packing.DenseRows) else None
-    self._raw = None if self._dense is not None else self._raw_records(source)
-    if self._raw is not None and not np.array_equal(self._parse(self._raw.__getitems__([0])),
-                                                     first[None]):
-      self._raw = None  # Not the layout we know: use the source's own decoding.
-
-  @staticmethod
-  def _raw_records(source: Any):
-    info = getattr(source, 'dataset_info', None)
-    raw = getattr(source, 'data_source', None)
-    if info is None or raw is None or getattr(source, 'decoders', None) is not None:
-      return None
-    if set(info.features.keys()) != {'input_ids'} or not hasattr(raw, '__getitems__'):
-      return None
-    return raw
-
-  @staticmethod
-  def _parse(records: Sequence[bytes]) -> np.ndarray:
-    parse = tf_example_pb2.Example.FromString
-    return np.array([parse(r).features.feature['input_ids'].int64_list.value for r in records],
-                    np.int32)
+    self.seq_len = len(source[0]['input_ids'])
+    self._dense = source if isinstance(source, packed_rows.DenseRows) else None
 
   def __call__(self, indices: np.ndarray) -> np.ndarray:
     indices = np.asarray(indices)
@@ -87,12 +65,8 @@ class RowReader:
       return out
     if self._dense is not None:
       out[real] = self._dense.read(indices[real])
-      return out
-    keys = [int(i) for i in indices[real]]
-    if self._raw is not None:
-      out[real] = self._parse(self._raw.__getitems__(keys))
     else:
-      out[real] = np.stack([self.source[k]['input_ids'] for k in keys])
+      out[real] = np.stack([self.source[int(k)]['input_ids'] for k in indices[real]])
     return out
 
   def __len__(self) -> int:

@@ -13,7 +13,7 @@ and a report beside it:
   DATA_DIR/report.json         stats + inputs skipped or repaired, tokenizer sample, work
   DATA_DIR/tfds/mlm_rows/1.0.0 the rows: {'input_ids': int32[T]}
   DATA_DIR/rows/               the same rows as .npy arrays, one per shard (read
-                               by the input pipeline; see data/packing.py)
+                               by the input pipeline; see data/packed_rows.py)
 
 Packing follows RoBERTa's FULL-SENTENCES: documents are concatenated with
 [SEP] between them and cut into rows of exactly T ids, so only the last row of
@@ -48,7 +48,6 @@ dir, spread over a Beam runner's workers.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import json
 import logging
@@ -66,6 +65,7 @@ from mlm_jax.config_check import require
 from mlm_jax.data import corpus as corpus_lib
 from mlm_jax.data import hf_tokenizer
 from mlm_jax.data import line_sample
+from mlm_jax.data import packed_rows
 from mlm_jax.data import packing
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
@@ -107,10 +107,7 @@ class PreparedData:
   @property
   def report(self) -> dict:
     """report.json: stats, skipped and repaired inputs, tokenizer sample, work done."""
-    path = os.path.join(self.data_dir, 'report.json')
-    if not os.path.exists(path):
-      return {}  # Prepared before reports existed.
-    with open(path) as f:
+    with open(os.path.join(self.data_dir, 'report.json')) as f:
       return json.load(f)
 
   def most_frequent_token(self) -> int:
@@ -136,21 +133,9 @@ class PreparedData:
       spelled = json.load(f)['spelled']
     return {int(i): [int(p) for p in pieces] for i, pieces in spelled.items()}
 
-  def source(self, split: str):
-    """A random-access source of {'input_ids': int32[T]} rows: the .npy shards.
-
-    Data prepared before the .npy shards existed is read through tfds (the
-    same rows, ~20x slower per row); preparing it again adds them.
-    """
-    paths = sorted(glob.glob(packing.dense_path(os.path.join(self.data_dir, packing.DENSE_DIR),
-                                                split, 0, 0).replace('00000-of-00000', '*')))
-    if paths:
-      return packing.DenseRows(paths)
-    logging.warning('%s has no .npy shards of its rows (prepared by an earlier version): '
-                    'reading them through tfds, which is slower. Delete it and run again '
-                    'to prepare it anew.', self.data_dir)
-    builder = tfds.builder_from_directory(self.rows_dir)
-    return builder.as_data_source(split)
+  def source(self, split: str) -> packed_rows.DenseRows:
+    """A split's rows, {'input_ids': int32[T]} by index (`read` for many): its .npy shards."""
+    return packed_rows.DenseRows(packed_rows.split_paths(self.data_dir, split))
 
 
 def _rows_dir(data_dir: str) -> str:
@@ -256,6 +241,10 @@ def load(data_dir: str) -> PreparedData:
   if stored is None:
     raise DataDirError(f'{data_dir} holds no tokenizer (tokenizer.model or tokenizer/): delete '
                        'it and prepare again.')
+  if not all(packed_rows.split_paths(data_dir, s) for s in _SPLITS):
+    raise DataDirError(f'{data_dir} was prepared by an earlier version of mlm_jax (no .npy shards '
+                       f'of its rows in {packed_rows.DENSE_DIR}/): delete it and prepare it again '
+                       'with `python -m mlm_jax.prepare --config=FILE` (the same config).')
   return PreparedData(
       data_dir=data_dir,
       tokenizer=tok_lib.load(stored),
@@ -449,7 +438,7 @@ def _read_units(out: str, corpus: corpus_lib.Corpus,
 def _write_rows(out: str, pool: packing.Pool, streams: dict, stats: dict,
                 seq_len: int) -> tuple[dict[str, list[int]], int]:
   """Stage 3: every array_record shard not written yet; (rows per shard by split, to do)."""
-  rows_dir, dense_dir = _rows_dir(out), os.path.join(out, packing.DENSE_DIR)
+  rows_dir, dense_dir = _rows_dir(out), os.path.join(out, packed_rows.DENSE_DIR)
   tmp_dir = os.path.join(out, 'tmp')
   counts_dir = os.path.join(out, 'counts')
   for d in (rows_dir, dense_dir, counts_dir):
@@ -464,7 +453,7 @@ def _write_rows(out: str, pool: packing.Pool, streams: dict, stats: dict,
     shard_lengths[s] = [min(rows_per_shard, rows - k * rows_per_shard) for k in range(n)]
     for k in range(n):
       if not (os.path.exists(packing.shard_path(rows_dir, s, k, n))
-              and os.path.exists(packing.dense_path(dense_dir, s, k, n))):
+              and os.path.exists(packed_rows.dense_path(dense_dir, s, k, n))):
         tasks.append((s, k, n, k * rows_per_shard, k * rows_per_shard + shard_lengths[s][k],
                       streams[s], rows_dir, dense_dir, tmp_dir, counts_dir))
   num_shards = sum(len(v) for v in shard_lengths.values())

@@ -9,7 +9,7 @@ predicting with it, exporting it.
   heads.py      the encoder with a classification head, in Hugging Face's layout
   step.py       state, losses and the jitted train and eval steps
   scores.py     accuracy, MCC, F1, Pearson and Spearman
-  evaluate.py   logits of every row of a file, and their scores
+  task_eval.py  logits of every row of a file, and their scores
   report.py     progress bar and metrics records
   model_dir.py  the output directory: writing it, loading it back (the best evaluation's model)
   loop.py       the driver (python -m mlm_jax.finetune): trains, evaluates, keeps the best

@@ -17,7 +17,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from mlm_jax.config_check import require
-from mlm_jax.training import step as step_lib
+from mlm_jax.training import optimizer
 
 # The peak learning rate `plan` picks for BERT-base's width (Devlin et al.
 # fine-tune at 2e-5..5e-5) ...
@@ -155,7 +155,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
           '(0: picked from the model width).')
   require(0.0 <= t.warmup_fraction < 1.0,
           f'config.train.warmup_fraction={t.warmup_fraction} must be in [0, 1).')
-  step_lib.check_optimizer(t)
+  optimizer.check_optimizer(t)
   require(config.mesh.fsdp >= 1 and num_devices % config.mesh.fsdp == 0,
           f'config.mesh.fsdp={config.mesh.fsdp} must divide the {num_devices} devices.')
   for section in ('train', 'eval'):
@@ -177,7 +177,7 @@ class Plan:
   checkpoint_every: int
 
   def train_section(self, train: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """config.train with the resolved values: what step.make_optimizer and the schedules read."""
+    """config.train with the resolved values: what optimizer.make_optimizer reads."""
     section = train.copy_and_resolve_references()
     with section.unlocked():
       section.num_steps, section.warmup_steps = self.num_steps, self.warmup_steps

@@ -26,12 +26,9 @@ from mlm_jax import model as model_lib
 from mlm_jax.model import bert
 from mlm_jax.model import modern
 from mlm_jax.model.config import Array
-from mlm_jax.model.layers import Dense
-from mlm_jax.model.layers import Dropout
 from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import MLP
 from mlm_jax.model.layers import dense_init
-from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
 from mlm_jax.model.layers import zeros
 
@@ -50,18 +47,20 @@ class ClassifierHead(nn.Module):
     cfg = self.cfg
     x = sequence if self.per_token else sequence[:, 0]
     if cfg.variant == 'modern':
-      x = Dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
-                kernel_init=dense_init(cfg, (EMBED, MLP), modern.out_std(cfg)), name='transform')(x)
-      x = layer_norm(cfg, 'layer_norm', use_bias=False)(gelu(x))
+      x = cfg.ops.dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
+                        kernel_init=dense_init(cfg, (EMBED, MLP), modern.out_std(cfg)),
+                        name='transform')(x)
+      x = layer_norm(cfg, 'layer_norm', use_bias=False)(cfg.ops.gelu(x))
     elif not self.per_token:
       if cfg.variant == 'roberta':
-        x = Dropout(self.dropout_rate)(x, deterministic=deterministic)
-      x = jnp.tanh(Dense(cfg.hidden_size, dtype=cfg.dtype,
-                         kernel_init=dense_init(cfg, (EMBED, MLP)), bias_init=zeros((MLP,)),
-                         name='pooler')(x))
-    x = Dropout(self.dropout_rate)(x, deterministic=deterministic)
-    return Dense(self.num_outputs, dtype=cfg.dtype, kernel_init=dense_init(cfg, (MLP, None)),
-                 bias_init=zeros((None,)), name='classifier')(x).astype(jnp.float32)
+        x = cfg.ops.dropout(self.dropout_rate)(x, deterministic=deterministic)
+      x = jnp.tanh(cfg.ops.dense(cfg.hidden_size, dtype=cfg.dtype,
+                                 kernel_init=dense_init(cfg, (EMBED, MLP)),
+                                 bias_init=zeros((MLP,)), name='pooler')(x))
+    x = cfg.ops.dropout(self.dropout_rate)(x, deterministic=deterministic)
+    return cfg.ops.dense(self.num_outputs, dtype=cfg.dtype,
+                         kernel_init=dense_init(cfg, (MLP, None)), bias_init=zeros((None,)),
+                         name='classifier')(x).astype(jnp.float32)
 
 
 class FineTuned(nn.Module):

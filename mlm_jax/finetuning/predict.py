@@ -27,7 +27,7 @@ from absl import logging
 
 from mlm_jax.data import tfds_source
 from mlm_jax.finetuning import data as data_lib
-from mlm_jax.finetuning import evaluate as evaluate_lib
+from mlm_jax.finetuning import task_eval
 from mlm_jax.finetuning import model_dir
 from mlm_jax.finetuning import step as step_lib
 
@@ -47,7 +47,7 @@ def predict(model_path: str, data_path: str, out_path: str, batch_size: int = 64
   message = data_lib.describe_truncation(encoded, data_path, model.seq_len)
   if message:
     logging.warning('%s', message)
-  logits = evaluate_lib.all_logits(_logits_fn(model), encoded, batch_size)
+  logits = task_eval.all_logits(_logits_fn(model), encoded, batch_size)
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
   with open(out_path, 'w') as f:
     where = 'record' if tfds_source.is_spec(data_path) else 'line'
@@ -65,7 +65,7 @@ def _logits_fn(model: model_dir.FineTunedModel):
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-  return np.exp(evaluate_lib.log_softmax(logits))
+  return np.exp(task_eval.log_softmax(logits))
 
 
 def records(model: model_dir.FineTunedModel, examples: list[data_lib.Example],

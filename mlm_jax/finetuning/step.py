@@ -25,7 +25,8 @@ from mlm_jax import model as model_lib
 from mlm_jax.finetuning import heads
 from mlm_jax.runtime import sharding
 from mlm_jax.training import checkpoint
-from mlm_jax.training import step as step_lib
+from mlm_jax.training import optimizer
+from mlm_jax.training import state as state_lib
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -58,7 +59,7 @@ def loss_terms(task: str, logits: Array, batch: Batch) -> dict[str, Array]:
 def make_train_step(task: str, schedule: optax.Schedule) -> Callable:
   """Returns train_step(state, batch, rng) -> (state, metrics); jit it with donation."""
 
-  def train_step(state: step_lib.TrainState, batch: Batch, rng: Array):
+  def train_step(state: state_lib.TrainState, batch: Batch, rng: Array):
     dropout_rng = jax.random.fold_in(rng, state.step)
     denom = jnp.maximum(jnp.sum(batch['weights']), 1.0)    # Global: the batch is sharded.
 
@@ -80,7 +81,7 @@ def make_train_step(task: str, schedule: optax.Schedule) -> Callable:
 def make_eval_step() -> Callable:
   """Returns eval_step(state, batch) -> logits [B, K] or [B, T, K], float32."""
 
-  def eval_step(state: step_lib.TrainState, batch: Batch) -> Array:
+  def eval_step(state: state_lib.TrainState, batch: Batch) -> Array:
     return state.apply_fn({'params': state.params}, batch, deterministic=True)
 
   return eval_step
@@ -97,11 +98,11 @@ class Built:
   """The fine-tuned model's config, its state's layout and the jitted steps (nothing allocated)."""
 
   model_cfg: model_lib.ModelConfig
-  abstract_state: step_lib.TrainState
+  abstract_state: state_lib.TrainState
   train_step: Any   # (state, batch, rng) -> (state, metrics); donates the state.
   eval_step: Any    # (state, batch) -> logits, replicated.
   dropout_rng: jax.Array
-  init_state: Callable[[], step_lib.TrainState]   # Fresh head, random encoder; in its sharding.
+  init_state: Callable[[], state_lib.TrainState]   # Fresh head, random encoder; in its sharding.
 
 
 def build(model_cfg: model_lib.ModelConfig, task: str, num_outputs: int,
@@ -109,20 +110,20 @@ def build(model_cfg: model_lib.ModelConfig, task: str, num_outputs: int,
           seed: int, mesh) -> Built:
   """The model, optimizer, state shardings and jitted steps on `mesh` (`train` resolved)."""
   model = fine_tuned_model(model_cfg, task, num_outputs, classifier_dropout)
-  tx = step_lib.make_optimizer(train)
+  tx = optimizer.make_optimizer(train)   # For the platform of JAX's backend, where it runs.
   init_rng, dropout_rng = jax.random.split(jax.random.key(seed))
   example = {k: jnp.ones(x.shape, x.dtype) for k, x in batch_spec(task, 1, seq_len).items()}
-  abstract, state_sh, init = step_lib.sharded_state_init(model, tx, init_rng, example, mesh)
+  abstract, state_sh, init = state_lib.sharded_state_init(model, tx, init_rng, example, mesh)
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-  train_step = jax.jit(make_train_step(task, step_lib.learning_rate_schedule(train)),
+  train_step = jax.jit(make_train_step(task, optimizer.learning_rate_schedule(train)),
                        in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
                        donate_argnums=0)
   eval_step = jax.jit(make_eval_step(), in_shardings=(state_sh, batch_sh), out_shardings=repl)
   return Built(model_cfg, abstract, train_step, eval_step, dropout_rng, init)
 
 
-def with_pretrained(state: step_lib.TrainState, pretrained: dict[str, Any],
-                    where: str) -> step_lib.TrainState:
+def with_pretrained(state: state_lib.TrainState, pretrained: dict[str, Any],
+                    where: str) -> state_lib.TrainState:
   """`state` with the pretrained encoder (host arrays) in place of its random one.
 
   The head starts where Hugging Face's classifiers start from the same

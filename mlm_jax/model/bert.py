@@ -8,26 +8,21 @@ positions. Shapes: see mlm_jax/model/config.py.
 
 from __future__ import annotations
 
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
+from mlm_jax.model.encoder import run_blocks
 from mlm_jax.model.heads import MLMHead
 from mlm_jax.model.heads import SentencePairHead
-from mlm_jax.model.layers import Dense
-from mlm_jax.model.layers import Dropout
 from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import MLP
-from mlm_jax.model.layers import REMAT_POLICIES
 from mlm_jax.model.layers import TABLE
 from mlm_jax.model.layers import VOCAB
 from mlm_jax.model.layers import SelfAttention
 from mlm_jax.model.layers import dense_init
-from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
 from mlm_jax.model.layers import take_rows
 from mlm_jax.model.layers import zeros
@@ -42,7 +37,8 @@ class Embeddings(nn.Module):
     """input_ids, segment_ids, positions: [B, T] -> [B, T, d].
 
     positions=None means 0..T-1 in every row: the first T rows of the table,
-    broadcast (a gather of them was a measurable part of a CPU step).
+    broadcast: the same values as gathering them, without a gather over
+    [B, T] indices (nor the scatter-add of its gradient).
     """
     cfg = self.cfg
     token_table = nn.Embed(cfg.padded_vocab_size, cfg.hidden_size,
@@ -57,7 +53,7 @@ class Embeddings(nn.Module):
     x += nn.Embed(cfg.type_vocab_size, cfg.hidden_size,
                   embedding_init=dense_init(cfg, (TABLE, EMBED)), name='segment')(segment_ids)
     x = layer_norm(cfg, 'layer_norm')(cfg.batch_split(x))
-    return Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    return cfg.ops.dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
 class TransformerBlock(nn.Module):
@@ -75,39 +71,19 @@ class TransformerBlock(nn.Module):
     the block runs on the Q rows alone.
     """
     cfg = self.cfg
-    dense = lambda features, names, name: Dense(
+    dense = lambda features, names, name: cfg.ops.dense(
         features, dtype=cfg.dtype, kernel_init=dense_init(cfg, names),
         bias_init=zeros(names[-1:]), name=name)
+    dropout = lambda h: cfg.ops.dropout(cfg.dropout_rate)(cfg.batch_split(h),
+                                                          deterministic=deterministic)
     context = x = cfg.batch_split(x)
     if rows is not None:
       x = cfg.batch_split(take_rows(x, rows))
-    h = SelfAttention(cfg, name='attention')(x, key_mask, deterministic, context)
-    h = Dropout(cfg.dropout_rate)(cfg.batch_split(h), deterministic=deterministic)
+    h = dropout(SelfAttention(cfg, name='attention')(x, key_mask, deterministic, context))
     x = layer_norm(cfg, 'attention_layer_norm')(x + h)
-    h = gelu(cfg.batch_split(dense(cfg.intermediate_size, (EMBED, MLP), 'intermediate')(x)))
-    h = dense(cfg.hidden_size, (MLP, EMBED), 'output')(h)                   # h: [B, T, d_ff] above
-    h = Dropout(cfg.dropout_rate)(cfg.batch_split(h), deterministic=deterministic)
+    h = cfg.ops.gelu(cfg.batch_split(dense(cfg.intermediate_size, (EMBED, MLP), 'intermediate')(x)))
+    h = dropout(dense(cfg.hidden_size, (MLP, EMBED), 'output')(h))          # h: [B, T, d_ff] above
     return cfg.batch_split(layer_norm(cfg, 'output_layer_norm')(x + h))
-
-
-def _block_class(cfg: ModelConfig):
-  if cfg.remat == 'none':
-    return TransformerBlock
-  # Argument 3 (self counts as 0) is the Python bool `deterministic`.
-  return nn.remat(TransformerBlock, policy=REMAT_POLICIES[cfg.remat], static_argnums=(3,))
-
-
-class _ScannedBlock(nn.Module):
-  """One step of nn.scan over the blocks: (x, key_mask) -> (x, x or None)."""
-
-  cfg: ModelConfig
-  deterministic: bool
-  emit: bool  # Also return every block's output (stacked by the scan).
-
-  @nn.compact
-  def __call__(self, x: Array, key_mask: Array):
-    x = _block_class(self.cfg)(self.cfg, name='block')(x, key_mask, self.deterministic)
-    return x, (x if self.emit else None)
 
 
 class Encoder(nn.Module):
@@ -123,54 +99,14 @@ class Encoder(nn.Module):
     0..T-1); DropToken passes the positions of the tokens it kept.
     With return_all_layers: [L + 1, B, T, d], the embeddings' output (index 0)
     and then every block's, the last being the usual output.
-    `output_rows` [B, Q] (indices into T): only those rows' outputs, [B, Q, d],
-    the same values as the full output's rows. The last block computes them
-    alone (see TransformerBlock); with scan_layers it runs in full and the
-    rows are taken from its output.
+    `output_rows` [B, Q] (indices into T): only those rows' outputs, [B, Q, d]
+    (encoder.run_blocks).
     """
     cfg = self.cfg
-    check_output_rows(output_rows, return_all_layers)
     x = Embeddings(cfg, name='embeddings')(input_ids, segment_ids, positions, deterministic)
     key_mask = attention_mask.astype(bool)
-    if cfg.scan_layers:
-      # Parameters stacked on a leading 'layers' axis: one block is compiled.
-      blocks = nn.scan(_ScannedBlock, variable_axes={'params': 0},
-                       split_rngs={'params': True, 'dropout': True}, in_axes=nn.broadcast,
-                       length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: 'layers'})
-      out, every = blocks(cfg, deterministic, return_all_layers, name='layers')(x, key_mask)
-      if return_all_layers:
-        return jnp.concatenate([x[None], every])
-      return out if output_rows is None else take_rows(out, output_rows)
-    layers = [x]
-    for i in range(cfg.num_layers):
-      rows = output_rows if i == cfg.num_layers - 1 else None
-      x = _block_class(cfg)(cfg, name=f'layer_{i}')(x, key_mask, deterministic, rows)
-      layers.append(x)
-    return jnp.stack(layers) if return_all_layers else x
-
-
-def check_output_rows(output_rows: Array | None, return_all_layers: bool) -> None:
-  """Both encoders: a subset of rows is for the last layer's output only."""
-  if output_rows is not None and return_all_layers:
-    raise ValueError('output_rows and return_all_layers exclude each other: '
-                     'every layer is returned in full.')
-
-
-def stack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
-  """Per-layer params (encoder/layer_i) -> the scan layout (encoder/layers/block, [L, ...])."""
-  encoder = dict(params['encoder'])
-  blocks = [encoder.pop(f'layer_{i}') for i in range(num_layers)]
-  encoder['layers'] = {'block': jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *blocks)}
-  return {**params, 'encoder': encoder}
-
-
-def unstack_layers(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
-  """The scan layout -> per-layer params (what export, import and probes read)."""
-  encoder = dict(params['encoder'])
-  stacked = encoder.pop('layers')['block']
-  for i in range(num_layers):
-    encoder[f'layer_{i}'] = jax.tree_util.tree_map(lambda x, i=i: x[i], stacked)
-  return {**params, 'encoder': encoder}
+    return run_blocks(cfg, TransformerBlock, x, deterministic, lambda layer: {'key_mask': key_mask},
+                      output_rows=output_rows, return_all_layers=return_all_layers)
 
 
 def drop_tokens(batch: dict[str, Array], rate: float, rng: Array) -> dict[str, Array]:

@@ -15,6 +15,7 @@ import ml_collections
 
 from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
+from mlm_jax.runtime import platform_ops
 
 Array = jax.Array
 
@@ -33,10 +34,6 @@ REMATS = ('none', 'dots', 'full')              # What a block keeps for the back
 # the BERT encoder.
 VARIANTS = ('bert', 'roberta', 'modern')
 
-
-# Options that change the parameter tree, with the value that a checkpoint
-# written before the option existed implies.
-STRUCTURE_DEFAULTS = {'scan_layers': False, 'sentence_pair_head': False, 'variant': 'bert'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +69,15 @@ class ModelConfig:
   # Where activations keep their batch axis (the trainer's batch sharding, see
   # sharding.batch_sharding); None: no constraint (a model used on one device).
   batch_sharding: Any = None
+  # The platform the step is compiled for ('cpu', 'gpu', 'tpu'; '': JAX's
+  # default backend here), which picks `ops`. Not part of shape_record: the
+  # parameters are the same on every platform.
+  platform: str = ''
+
+  @property
+  def ops(self) -> platform_ops.Ops:
+    """The dense, dropout and GELU forms for `platform` (runtime/platform_ops.py)."""
+    return platform_ops.for_platform(self.platform)
 
   def batch_split(self, x: Array) -> Array:
     """x [B, ...] constrained to keep its batch axis split like the input batch."""
@@ -84,14 +90,15 @@ class ModelConfig:
     return {k: getattr(self, k) for k in (
         'vocab_size', 'padded_vocab_size', 'num_layers', 'hidden_size', 'num_heads',
         'intermediate_size', 'max_position_embeddings', 'type_vocab_size',
-        *STRUCTURE_DEFAULTS)}
+        'scan_layers', 'sentence_pair_head', 'variant')}
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int, padded_vocab_size: int,
                   dtype: Any, **overrides) -> 'ModelConfig':
     """From config.model (every field; `overrides` for the ones the trainer sets)."""
     fields = {f.name for f in dataclasses.fields(cls)} - {
-        'vocab_size', 'padded_vocab_size', 'dtype', 'sentence_pair_head', 'batch_sharding'}
+        'vocab_size', 'padded_vocab_size', 'dtype', 'sentence_pair_head', 'batch_sharding',
+        'platform'}
     given = {k: model[k] for k in fields if k not in overrides}
     return cls(vocab_size=vocab_size, padded_vocab_size=padded_vocab_size, dtype=dtype,
                **given, **overrides)
@@ -104,9 +111,10 @@ def resolve_attention(attention: str, platform: str, dtype: Any,
   'auto' picks the fastest kernel that can train the config (docs/training.md):
   with attention dropout only ours ('xla') can; without it, cuDNN's fused
   (flash) kernel on NVIDIA GPUs in 16-bit, jax.nn.dot_product_attention on TPUs
-  (the TPU compiler estimates it at 0.5-0.6x the cycles of ours, attention
-  forward and backward, BERT-base heads at T=128 and 512), and ours on CPUs
-  (where it is the faster one).
+  (fewer cycles than ours in the TPU compiler's estimate, docs/preflight.md),
+  and ours on CPUs (the faster one there, docs/benchmarks.md). A change of
+  choice must keep what the config trains: never a kernel without dropout
+  when attention_dropout_rate > 0.
   """
   if attention != 'auto':
     return attention

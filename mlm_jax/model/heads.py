@@ -7,13 +7,10 @@ import jax.numpy as jnp
 
 from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
-from mlm_jax.model.layers import Dense
-from mlm_jax.model.layers import Dropout
 from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import MLP
 from mlm_jax.model.layers import VOCAB
 from mlm_jax.model.layers import dense_init
-from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
 from mlm_jax.model.layers import take_rows
 from mlm_jax.model.layers import zeros
@@ -41,10 +38,10 @@ class MLMHead(nn.Module):
     if masked_positions is not None:
       sequence = take_rows(sequence, masked_positions)
     x = cfg.batch_split(sequence)                                           # [B, P, d]
-    x = Dense(cfg.hidden_size, dtype=cfg.dtype, use_bias=self.use_bias,
-              kernel_init=dense_init(cfg, (EMBED, MLP), self.transform_std),
-              bias_init=zeros((MLP,)), name='transform')(x)
-    x = layer_norm(cfg, 'layer_norm', self.use_bias)(gelu(x))
+    x = cfg.ops.dense(cfg.hidden_size, dtype=cfg.dtype, use_bias=self.use_bias,
+                      kernel_init=dense_init(cfg, (EMBED, MLP), self.transform_std),
+                      bias_init=zeros((MLP,)), name='transform')(x)
+    x = layer_norm(cfg, 'layer_norm', self.use_bias)(cfg.ops.gelu(x))
     bias = self.param('output_bias', zeros((VOCAB,)), (cfg.padded_vocab_size,))
     # As [B·P, d] @ [d, V]: the embedding's gradient contracts one axis, not B and P.
     b, p, d = x.shape
@@ -67,8 +64,8 @@ class SentencePairHead(nn.Module):
   def __call__(self, sequence: Array, deterministic: bool) -> Array:
     """sequence [B, T or fewer, d], its row 0 the [CLS] token's -> logits [B, 2]."""
     cfg = self.cfg
-    x = Dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, MLP)),
-              bias_init=zeros((MLP,)), name='pooler')(sequence[:, 0])
-    x = Dropout(cfg.dropout_rate)(jnp.tanh(x), deterministic=deterministic)
-    return Dense(2, kernel_init=dense_init(cfg, (MLP, None)), bias_init=zeros((None,)),
-                 name='classifier')(x).astype(jnp.float32)
+    x = cfg.ops.dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, MLP)),
+                      bias_init=zeros((MLP,)), name='pooler')(sequence[:, 0])
+    x = cfg.ops.dropout(cfg.dropout_rate)(jnp.tanh(x), deterministic=deterministic)
+    return cfg.ops.dense(2, kernel_init=dense_init(cfg, (MLP, None)), bias_init=zeros((None,)),
+                         name='classifier')(x).astype(jnp.float32)

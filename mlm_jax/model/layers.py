@@ -1,10 +1,14 @@
 """Building blocks the encoders share: initialisers with logical axis names, LayerNorm,
-GELU, the attention kernels (our XLA formulation, jax.nn.dot_product_attention or
-cuDNN's fused kernel) and BERT's self-attention."""
+the attention kernels (our XLA formulation, jax.nn.dot_product_attention or
+cuDNN's fused kernel) and BERT's self-attention.
+
+Dense layers, dropout and GELU are not defined here: every module takes them
+from cfg.ops (runtime/platform_ops.py), the forms for the platform the step
+is compiled for, which keep the library's parameter names and shapes.
+"""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import flax.linen as nn
@@ -42,98 +46,10 @@ def layer_norm(cfg: ModelConfig, name: str, use_bias: bool = True) -> nn.LayerNo
                       bias_init=zeros((EMBED,)))
 
 
-def gelu(x: Array) -> Array:
-  """BERT's exact GELU, x·Φ(x), written with erf as PyTorch does.
-
-  Same function as jax.nn.gelu(approximate=False), which uses erfc; in the
-  tiny config's train step on a 2-core CPU this form made each block's
-  forward+backward ~1.5x faster (together with the attention below).
-  """
-  return 0.5 * x * (1.0 + jax.lax.erf(x * (1.0 / math.sqrt(2.0))))
-
-
-def flat_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None,
-                     preferred_element_type=None) -> Array:
-  """lax.dot_general, as one 2-D matmul when lhs's trailing axes meet rhs's leading ones.
-
-  XLA:CPU's matmul library takes one contracting axis. nn.DenseGeneral's
-  kernels for attention ([d, N, H] in, [N, H, d] out) contract or produce two
-  axes at once, so the backward pass copied each such kernel into a
-  transposed layout every step (BERT-base on 2 CPU cores: about 10% of the
-  step). And any Dense on [B, T, d] has a weight gradient that contracts B
-  and T together: XLA:CPU copied the output gradient transposed and ran a
-  matmul at a third of the speed (the tiny step: 15% of its time). Merging
-  the axes is a reshape of contiguous memory (free), and the matmul, both
-  ways, is that of a plain 2-D Dense. Given as nn.Dense's and
-  nn.DenseGeneral's `dot_general` (`Dense`, `DenseGeneral` below); the
-  parameters keep their shapes and names.
-  """
-  (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
-  k = len(lhs_contract)
-  if (lhs_batch or rhs_batch or tuple(lhs_contract) != tuple(range(lhs.ndim - k, lhs.ndim))
-      or tuple(rhs_contract) != tuple(range(k))):
-    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                               preferred_element_type=preferred_element_type)
-  lead, inner, rest = lhs.shape[:lhs.ndim - k], rhs.shape[:k], rhs.shape[k:]
-  out = jax.lax.dot_general(lhs.reshape(math.prod(lead), math.prod(inner)),
-                            rhs.reshape(math.prod(inner), math.prod(rest)),
-                            (((1,), (0,)), ((), ())), precision=precision,
-                            preferred_element_type=preferred_element_type)
-  return out.reshape(*lead, *rest)
-
-
-# nn.Dense and nn.DenseGeneral with their products as 2-D matmuls (flat_dot_general):
-# the model's and the heads' dense layers, whatever the rank of their input.
-Dense = functools.partial(nn.Dense, dot_general=flat_dot_general)
-DenseGeneral = functools.partial(nn.DenseGeneral, dot_general=flat_dot_general)
-
-
-def dropout(x: Array, rate: float, key: Array) -> Array:
-  """Inverted dropout: each element zeroed with probability `rate`, the rest scaled by 1/(1-rate).
-
-  nn.Dropout draws a float32 uniform (32 random bits) per element. 16 bits
-  are enough for the rate (0.1 is drawn as 6554/65536), so each 32-bit word
-  of threefry decides two elements, its low and its high half, laid side by
-  side along the last axis, which is never sharded here: the bits of an
-  element still depend only on the key and its index, whatever the mesh.
-  This halves the random-number work, the costliest part of dropout on a
-  CPU (BERT-base's train step on 2 cores: 1.7-2.4x faster dropout, fewer
-  elementwise passes). The mask's distribution is nn.Dropout's; its draws
-  differ.
-  """
-  threshold = jnp.uint32(round(rate * 65536))
-  *lead, n = x.shape
-  if n % 2:
-    keep = (jax.random.bits(key, x.shape, jnp.uint32) & 0xFFFF) >= threshold
-  else:
-    words = jax.random.bits(key, (*lead, n // 2), jnp.uint32)
-    keep = jnp.concatenate([(words & 0xFFFF) >= threshold, (words >> 16) >= threshold], axis=-1)
-  return jnp.where(keep, x * jnp.asarray(1.0 / (1.0 - rate), x.dtype), jnp.zeros((), x.dtype))
-
-
-class Dropout(nn.Module):
-  """nn.Dropout (same fields and call) drawing its mask with `dropout`."""
-
-  rate: float
-
-  @nn.compact
-  def __call__(self, x: Array, deterministic: bool) -> Array:
-    if self.rate == 0.0 or deterministic:
-      return x
-    if self.rate >= 1.0:
-      return jnp.zeros_like(x)
-    return dropout(x, self.rate, self.make_rng('dropout'))
-
-
 def attention_kernel(cfg: ModelConfig) -> str:
-  """cfg.attention, with 'auto' resolved for JAX's backend here ('xla', 'dot_product', 'cudnn')."""
-  return resolve_attention(cfg.attention, jax.default_backend(), cfg.dtype,
+  """cfg.attention, 'auto' resolved for cfg.platform ('xla', 'dot_product' or 'cudnn')."""
+  return resolve_attention(cfg.attention, cfg.platform or jax.default_backend(), cfg.dtype,
                            cfg.attention_dropout_rate)
-
-
-def uses_cudnn_attention(cfg: ModelConfig) -> bool:
-  """The fused cuDNN (flash) kernel: asked for, or 'auto' resolved to it on this backend."""
-  return attention_kernel(cfg) == 'cudnn'
 
 
 def take_rows(x: Array, rows: Array) -> Array:
@@ -190,7 +106,7 @@ def attend(cfg: ModelConfig, q: Array, k: Array, v: Array, key_mask: Array,
     mask = key_mask[:, None, None, :] if key_mask.ndim == 2 else key_mask[:, None]
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation='xla')
   return softmax_attention(q, k, v, key_mask,
-                           lambda w: Dropout(dropout)(w, deterministic=dropout == 0.0))
+                           lambda w: cfg.ops.dropout(dropout)(w, deterministic=dropout == 0.0))
 
 
 class SelfAttention(nn.Module):
@@ -206,12 +122,12 @@ class SelfAttention(nn.Module):
     cfg = self.cfg
     context = x if context is None else context
     head_dim = cfg.hidden_size // cfg.num_heads
-    proj = lambda name: DenseGeneral(
+    proj = lambda name: cfg.ops.dense_general(
         (cfg.num_heads, head_dim), dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, HEADS, KV)),
         bias_init=zeros((HEADS, KV)), name=name)
     q, k, v = (cfg.batch_split(proj(name)(inputs))                      # [B, Q or T, N, H]
                for name, inputs in (('query', x), ('key', context), ('value', context)))
     out = attend(cfg, q, k, v, key_mask, deterministic)
-    return DenseGeneral(cfg.hidden_size, axis=(-2, -1), dtype=cfg.dtype,
-                        kernel_init=dense_init(cfg, (HEADS, KV, EMBED)),
-                        bias_init=zeros((EMBED,)), name='out')(out)
+    return cfg.ops.dense_general(cfg.hidden_size, axis=(-2, -1), dtype=cfg.dtype,
+                                 kernel_init=dense_init(cfg, (HEADS, KV, EMBED)),
+                                 bias_init=zeros((EMBED,)), name='out')(out)

@@ -38,23 +38,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from mlm_jax.model.bert import BertForMLM
-from mlm_jax.model.bert import check_output_rows
 from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
+from mlm_jax.model.encoder import run_blocks
 from mlm_jax.model.heads import MLMHead
 from mlm_jax.model.heads import SentencePairHead
-from mlm_jax.model.layers import Dense
-from mlm_jax.model.layers import DenseGeneral
-from mlm_jax.model.layers import Dropout
 from mlm_jax.model.layers import EMBED
 from mlm_jax.model.layers import HEADS
 from mlm_jax.model.layers import KV
 from mlm_jax.model.layers import MLP
-from mlm_jax.model.layers import REMAT_POLICIES
 from mlm_jax.model.layers import VOCAB
 from mlm_jax.model.layers import attend
 from mlm_jax.model.layers import dense_init
-from mlm_jax.model.layers import gelu
 from mlm_jax.model.layers import layer_norm
 from mlm_jax.model.layers import take_rows
 
@@ -77,9 +72,10 @@ def rotary_tables(positions: Array, head_dim: int, theta: float) -> Rotary:
   Frequency i (of H/2) is theta^(-2i/H); the angles are repeated for both
   halves of a head (Hugging Face's rotate-half layout, not interleaved pairs).
   Positions known when tracing (a numpy array: 0..T-1 unless given) make the
-  tables constants of the program, computed here once; traced ones are
-  computed in it, where XLA would evaluate cos and sin again inside every
-  operation that uses them (measured: ~5 ms of a 140 ms CPU step of tiny).
+  tables constants of the program, computed here once. Traced ones (DropToken's)
+  are computed in the program, where XLA may fuse cos and sin into every
+  operation that reads them and evaluate them there again; so the default
+  positions must stay a numpy array, not a jnp one.
   """
   xp = np if isinstance(positions, np.ndarray) else jnp
   inv_freq = 1.0 / (theta ** (xp.arange(0, head_dim, 2, dtype=xp.float32) / head_dim))
@@ -106,7 +102,7 @@ class ModernEmbeddings(nn.Module):
     x = nn.Embed(cfg.padded_vocab_size, cfg.hidden_size,
                  embedding_init=dense_init(cfg, (VOCAB, EMBED)), name='token')(input_ids)
     x = layer_norm(cfg, 'layer_norm', use_bias=False)(cfg.batch_split(x))
-    return Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    return cfg.ops.dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
 class ModernAttention(nn.Module):
@@ -122,8 +118,9 @@ class ModernAttention(nn.Module):
     cfg = self.cfg
     n, h = cfg.num_heads, cfg.hidden_size // cfg.num_heads
     # One projection to (q, k, v) as Hugging Face's Wqkv: [d, 3, N, H].
-    qkv = DenseGeneral((3, n, h), use_bias=False, dtype=cfg.dtype,
-                       kernel_init=dense_init(cfg, (EMBED, None, HEADS, KV)), name='qkv')(x)
+    qkv = cfg.ops.dense_general((3, n, h), use_bias=False, dtype=cfg.dtype,
+                                kernel_init=dense_init(cfg, (EMBED, None, HEADS, KV)),
+                                name='qkv')(x)
     # Split (not indexed): the gradient is one concatenation of dq, dk and dv,
     # not three padded copies added together.
     q, k, v = (cfg.batch_split(y[:, :, 0]) for y in jnp.split(qkv, 3, axis=2))  # [B, T, N, H]
@@ -133,10 +130,10 @@ class ModernAttention(nn.Module):
       q_rotary = tuple(take_rows(jnp.asarray(table), rows) for table in rotary)
       mask = mask if mask.ndim == 2 else take_rows(mask, rows)             # [B, Q, T]
     out = attend(cfg, apply_rotary(q, q_rotary), apply_rotary(k, rotary), v, mask, deterministic)
-    out = DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
-                       kernel_init=dense_init(cfg, (HEADS, KV, EMBED), out_std(cfg)),
-                       name='out')(out)
-    return Dropout(cfg.attention_dropout_rate)(out, deterministic=deterministic)
+    out = cfg.ops.dense_general(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
+                                kernel_init=dense_init(cfg, (HEADS, KV, EMBED), out_std(cfg)),
+                                name='out')(out)
+    return cfg.ops.dropout(cfg.attention_dropout_rate)(out, deterministic=deterministic)
 
 
 class GeGLU(nn.Module):
@@ -146,12 +143,13 @@ class GeGLU(nn.Module):
   def __call__(self, x: Array, deterministic: bool) -> Array:
     """x [B, T, d] -> Wo(GELU(input)·gate) [B, T, d]; [input, gate] = Wi(x) [B, T, 2·d_ff]."""
     cfg = self.cfg
-    h = Dense(2 * cfg.intermediate_size, use_bias=False, dtype=cfg.dtype,
-              kernel_init=dense_init(cfg, (EMBED, MLP)), name='wi')(x)
+    h = cfg.ops.dense(2 * cfg.intermediate_size, use_bias=False, dtype=cfg.dtype,
+                      kernel_init=dense_init(cfg, (EMBED, MLP)), name='wi')(x)
     inputs, gate = jnp.split(cfg.batch_split(h), 2, axis=-1)
-    h = Dropout(cfg.dropout_rate)(gelu(inputs) * gate, deterministic=deterministic)
-    return Dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
-                 kernel_init=dense_init(cfg, (MLP, EMBED), out_std(cfg)), name='wo')(h)
+    h = cfg.ops.dropout(cfg.dropout_rate)(cfg.ops.gelu(inputs) * gate,
+                                          deterministic=deterministic)
+    return cfg.ops.dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
+                         kernel_init=dense_init(cfg, (MLP, EMBED), out_std(cfg)), name='wo')(h)
 
 
 class ModernBlock(nn.Module):
@@ -174,13 +172,6 @@ class ModernBlock(nn.Module):
         ModernAttention(cfg, name='attention')(h, mask, rotary, deterministic, rows))
     h = layer_norm(cfg, 'mlp_norm', use_bias=False)(x)
     return cfg.batch_split(x + GeGLU(cfg, name='mlp')(h, deterministic))
-
-
-def _block_class(cfg: ModelConfig):
-  if cfg.remat == 'none':
-    return ModernBlock
-  # Argument 4 (self counts as 0) is the Python bool `deterministic`.
-  return nn.remat(ModernBlock, policy=REMAT_POLICIES[cfg.remat], static_argnums=(4,))
 
 
 def attention_masks(key_mask: Array, positions: Array, window: int) -> tuple[Array, Array]:
@@ -210,7 +201,6 @@ class ModernEncoder(nn.Module):
     With output_rows [B, Q]: the last block computes those rows only, [B, Q, d].
     """
     del segment_ids
-    check_output_rows(output_rows, return_all_layers)
     cfg = self.cfg
     if cfg.scan_layers:
       raise ValueError("scan_layers is not supported by variant 'modern' (see config.py).")
@@ -220,17 +210,15 @@ class ModernEncoder(nn.Module):
     head_dim = cfg.hidden_size // cfg.num_heads
     rotary = (rotary_tables(positions, head_dim, cfg.global_rope_theta),
               rotary_tables(positions, head_dim, cfg.local_rope_theta))
-    layers = [x]
-    for i in range(cfg.num_layers):
-      kind = 0 if is_global(cfg, i) else 1
-      rows = output_rows if i == cfg.num_layers - 1 else None
-      x = _block_class(cfg)(cfg, first=i == 0, name=f'layer_{i}')(
-          x, masks[kind], rotary[kind], deterministic, rows)
-      layers.append(x)
-    final_norm = layer_norm(cfg, 'final_norm', use_bias=False)
-    if return_all_layers:
-      return jnp.stack([final_norm(y) for y in layers])
-    return final_norm(x)
+
+    def inputs(layer: int) -> dict:
+      kind = 0 if is_global(cfg, layer) else 1
+      return {'mask': masks[kind], 'rotary': rotary[kind]}
+
+    return run_blocks(cfg, ModernBlock, x, deterministic, inputs,
+                      fields=lambda layer: {'first': layer == 0}, output_rows=output_rows,
+                      return_all_layers=return_all_layers,
+                      finish=layer_norm(cfg, 'final_norm', use_bias=False))
 
 
 class ModernBertForMLM(BertForMLM):

@@ -53,7 +53,7 @@ from mlm_jax.perf import host as host_lib
 from mlm_jax.runtime import host_malloc
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
-from mlm_jax.training import step as step_lib
+from mlm_jax.training import optimizer
 
 # What HF's step computes that ours does not: its last block on every row, and
 # by variant its head: BertForMaskedLM's and RobertaForMaskedLM's on all T
@@ -199,7 +199,7 @@ def _hf_peers(config: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfi
               log: Callable[[str], None]) -> tuple[dict[str, hf_peer.TorchRunner], str | None]:
   """HF's runs by result key, warmed up, and why torch.compile did not run, if it did not."""
   # The learning rates our schedule gives at each step (it matters little for speed).
-  schedule = step_lib.learning_rate_schedule(config.train)
+  schedule = optimizer.learning_rate_schedule(config.train)
   lrs = np.asarray(schedule(np.arange(max(warmup, 1) + repeats * steps + 1)))
   warm = functools.partial(_warm_peer, config, model_cfg, host_batches, lrs, warmup, use_gpu,
                            log=log)

@@ -112,7 +112,7 @@ class Preflight:
     from mlm_jax.perf import hlo_cost  # pylint: disable=import-outside-toplevel
     from mlm_jax.runtime import sharding  # pylint: disable=import-outside-toplevel
     from mlm_jax.training import build as build_lib  # pylint: disable=import-outside-toplevel
-    from mlm_jax.training import step as step_lib  # pylint: disable=import-outside-toplevel
+    from mlm_jax.training import state as state_lib  # pylint: disable=import-outside-toplevel
     config = _with_overrides(self.config, overrides or {})
     mesh = sharding.make_mesh(config.mesh.fsdp, self.devices)
     # The embedding rows the trainer builds: a checkpoint's table (config.model.vocab_size),
@@ -124,7 +124,7 @@ class Preflight:
     batch_size = config.train.batch_size if step == 'train' else config.eval.batch_size
     batch_sh = sharding.batch_sharding(mesh)
     batch = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sh)
-             for k, x in step_lib.batch_spec(
+             for k, x in state_lib.batch_spec(
                  batch_size, config.data.seq_len, config.masking.max_predictions,
                  config.sentence_pair.task != 'none').items()}
     rng = jax.ShapeDtypeStruct(built.dropout_rng.shape, built.dropout_rng.dtype,

@@ -18,7 +18,11 @@ import ml_collections
 
 from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.runtime import platform_ops
 from mlm_jax.runtime import sharding
+from mlm_jax.training import objective
+from mlm_jax.training import optimizer
+from mlm_jax.training import state as state_lib
 from mlm_jax.training import step as step_lib
 
 
@@ -33,25 +37,28 @@ class Built:
   """
 
   model_cfg: model_lib.ModelConfig
-  abstract_state: step_lib.TrainState  # jax.ShapeDtypeStruct leaves with their shardings.
+  abstract_state: state_lib.TrainState  # jax.ShapeDtypeStruct leaves with their shardings.
   train_step: Any     # (state, batch, dropout_rng) -> (state, metrics); donates the state.
-  eval_step: Any      # (state, batch) -> sums of step.mlm_loss_terms.
+  eval_step: Any      # (state, batch) -> sums of objective.loss_terms.
   dropout_rng: jax.Array
   chains: int         # config.train.concurrent_chains, resolved.
-  init_state: Callable[[], step_lib.TrainState]  # A fresh state, made in its sharding.
+  init_state: Callable[[], state_lib.TrainState]  # A fresh state, made in its sharding.
 
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
-          baseline_token: int = step_lib.NO_BASELINE) -> Built:
+          baseline_token: int = objective.NO_BASELINE) -> Built:
   """The model, the state's shardings and the jitted steps of `config` on `mesh`.
 
   The trainer, the benchmark and the pre-flight all build through here, so
   they train, time and compile the same program. Choices left to 'auto'
   (compute dtype, attention kernel, concurrent chains) are made for the
-  platform of the mesh's devices, not for the host's. `baseline_token`: the
-  training data's most frequent token (PreparedData.most_frequent_token()),
-  whose hit rate the steps report; step.NO_BASELINE where there is none (a
-  benchmark's synthetic batches).
+  platform of the mesh's devices, not for the host's, and so are the forms
+  of the operations that differ between platforms (platform_ops): the
+  pre-flight compiles on a CPU host what a TPU or GPU will run.
+  `baseline_token`: the training data's most frequent token
+  (PreparedData.most_frequent_token()), whose hit rate the steps report;
+  objective.NO_BASELINE where there is none (a benchmark's synthetic
+  batches).
   """
   platform = mesh.devices.flat[0].platform
   pairs = config.sentence_pair.task != 'none'
@@ -60,20 +67,22 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
       config.model, vocab_size, tok_lib.padded_vocab_size(vocab_size), dtype,
       sentence_pair_head=pairs, batch_sharding=sharding.batch_sharding(mesh),
       attention=model_lib.resolve_attention(config.model.attention, platform, dtype,
-                                            config.model.attention_dropout_rate))
+                                            config.model.attention_dropout_rate),
+      platform=platform)
   model = model_lib.mlm_model(model_cfg)
-  tx = step_lib.make_optimizer(config.train)
+  tx = optimizer.make_optimizer(config.train, platform)
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
-  example = step_lib.example_batch(config.data.seq_len, config.masking.max_predictions, pairs)
-  abstract_state, state_sh, init = step_lib.sharded_state_init(model, tx, init_rng, example, mesh)
-  chains = step_lib.concurrent_chains(config.train, mesh.size, platform)
+  example = state_lib.example_batch(config.data.seq_len, config.masking.max_predictions, pairs)
+  abstract_state, state_sh, init = state_lib.sharded_state_init(model, tx, init_rng, example,
+                                                                mesh)
+  chains = platform_ops.concurrent_chains(config.train, mesh.size, platform)
   train_step = jax.jit(
-      step_lib.make_train_step(step_lib.learning_rate_schedule(config.train),
+      step_lib.make_train_step(optimizer.learning_rate_schedule(config.train),
                                config.train.grad_accum_steps, config.sentence_pair.loss_weight,
-                               chains, baseline_token),
+                               chains, baseline_token, platform),
       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0,
-      compiler_options=step_lib.train_compiler_options(platform, chains))
-  eval_step = jax.jit(step_lib.make_eval_step(baseline_token), in_shardings=(state_sh, batch_sh),
-                      out_shardings=repl)
+      compiler_options=platform_ops.train_compiler_options(platform, chains))
+  eval_step = jax.jit(step_lib.make_eval_step(baseline_token, platform),
+                      in_shardings=(state_sh, batch_sh), out_shardings=repl)
   return Built(model_cfg, abstract_state, train_step, eval_step, dropout_rng, chains, init)

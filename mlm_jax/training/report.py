@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from mlm_jax.training import feed as feed_lib
 from mlm_jax.training import metrics as metrics_lib
-from mlm_jax.training import step as step_lib
+from mlm_jax.training import objective
 from mlm_jax.training import summary
 
 
@@ -127,7 +127,7 @@ def interval_means(metrics: list[dict[str, np.ndarray]]) -> dict[str, float]:
       'learning_rate': float(metrics[-1]['learning_rate']),
       'grad_norm': float(np.mean([m['grad_norm'] for m in metrics])),
   }
-  record |= step_lib.slot_metrics(sums | {'weight_sum': float(masked.sum())})
+  record |= objective.slot_metrics(sums | {'weight_sum': float(masked.sum())})
   for name in ('sentence_pair_loss', 'sentence_pair_accuracy'):
     if name in metrics[0]:
       record[name] = float(np.mean([m[name] for m in metrics]))

@@ -1,4 +1,4 @@
-"""Command line: python -m mlm_jax.evaluate --workdir=W [--seeds=3] [--tasks=a,b] [--step=N].
+"""Command line: python -m mlm_jax.probe_suite --workdir=W [--seeds=3] [--tasks=a,b] [--step=N].
 
 Probes the run's frozen encoder on every built-in task (mlm_jax/probing/
 tasks.py) and a randomly initialised encoder of the same shape, with the
@@ -36,7 +36,7 @@ def main() -> None:
     json.dump(report, f, indent=2)
   with open(stem + '.md', 'w') as f:
     f.write(f'Probe test accuracy of the scalar mix, mean ± std over {report["seeds"]} seeds '
-            f'(python -m mlm_jax.evaluate).\n\n{table}\n')
+            f'(python -m mlm_jax.probe_suite).\n\n{table}\n')
   print(f'Written: {stem}.{{md,json}}')
 
 

@@ -12,7 +12,7 @@ from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
 from mlm_jax.runtime import sharding
-from mlm_jax.training import step as step_lib
+from mlm_jax.training import objective
 
 
 def evaluate(eval_step: Any, state: Any, data: prepare.PreparedData, masker: masking.Masker,
@@ -39,7 +39,7 @@ def evaluate(eval_step: Any, state: Any, data: prepare.PreparedData, masker: mas
       'loss': totals['loss_sum'] / denom, 'mlm_accuracy': totals['correct_sum'] / denom,
       'num_masked': totals['weight_sum'],
       'baseline_token': data.tokenizer.id_to_piece(data.most_frequent_token()),
-      **step_lib.slot_metrics(totals)}
+      **objective.slot_metrics(totals)}
   if 'pair_weight_sum' in totals:
     rows = max(totals['pair_weight_sum'], 1.0)
     result['sentence_pair_loss'] = totals['pair_loss_sum'] / rows

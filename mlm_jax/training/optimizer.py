@@ -1,0 +1,116 @@
+"""The optimizer: learning-rate schedules, AdamW with its weight-decay mask, gradient clipping.
+
+Pretraining (training/build.py) and fine-tuning (finetuning/step.py) both
+build their optimizer here, from the fields of a config.train section;
+`check_optimizer` checks those fields for both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from mlm_jax.config_check import one_of
+from mlm_jax.config_check import require
+from mlm_jax.runtime import platform_ops
+
+
+def _linear(train: ml_collections.ConfigDict) -> optax.Schedule:
+  """BERT's schedule: linear warm-up to the peak, then linear decay to 0."""
+  warmup = optax.linear_schedule(0.0, train.learning_rate, max(train.warmup_steps, 1))
+  decay = optax.linear_schedule(train.learning_rate, 0.0,
+                                max(train.num_steps - train.warmup_steps, 1))
+  return optax.join_schedules([warmup, decay], [train.warmup_steps])
+
+
+def _wsd(train: ml_collections.ConfigDict) -> optax.Schedule:
+  """Warmup-stable-decay (a trapezoid): linear warm-up, the peak, then a decay to 0.
+
+  The decay is linear by default, as in Cramming's trapezoid (Geiping &
+  Goldstein, 2022); decay_shape='1-sqrt' is ModernBERT's (Warner et al.,
+  2024, after Hägele et al., 2024). It takes the last `decay_fraction` of the
+  steps, but never starts before the warm-up ends (a short trial run of a long
+  config only warms up).
+  """
+  peak = train.learning_rate
+  decay_start = max(train.num_steps - max(round(train.decay_fraction * train.num_steps), 1),
+                    train.warmup_steps)
+  decay_steps = max(train.num_steps - decay_start, 1)
+  if train.decay_shape == 'linear':
+    decay = optax.linear_schedule(peak, 0.0, decay_steps)
+  else:
+    # '1-sqrt': peak * (1 - sqrt(t / decay_steps)); optax has no such schedule,
+    # so it is the square root of optax's clipped linear ramp.
+    ramp = optax.linear_schedule(0.0, 1.0, decay_steps)
+
+    def decay(step):
+      return peak * (1.0 - jnp.sqrt(ramp(step)))
+  warmup = optax.linear_schedule(0.0, peak, max(train.warmup_steps, 1))
+  return optax.join_schedules([warmup, optax.constant_schedule(peak), decay],
+                              [train.warmup_steps, decay_start])
+
+
+def _one_cycle(train: ml_collections.ConfigDict) -> optax.Schedule:
+  """Smith's one-cycle: a cosine up to the peak at the end of warm-up, then down.
+
+  It starts at peak/25 and ends at peak/2.5e5 at num_steps (optax's default
+  div_factor and final_div_factor).
+  """
+  # optax places the peak at int(pct_start * num_steps); half a step more than
+  # warmup_steps keeps float rounding from moving it a step early.
+  pct_start = (train.warmup_steps + 0.5) / train.num_steps
+  return optax.cosine_onecycle_schedule(train.num_steps, train.learning_rate, pct_start)
+
+
+# config.train.schedule -> the function that builds it.
+_SCHEDULES = {'linear': _linear, 'wsd': _wsd, 'one_cycle': _one_cycle}
+SCHEDULES = tuple(_SCHEDULES)
+# config.train.decay_shape: how 'wsd' falls from the peak to 0.
+DECAY_SHAPES = ('linear', '1-sqrt')
+
+
+def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
+  """The learning rate of each step, as config.train.schedule names it (see SCHEDULES)."""
+  return _SCHEDULES[train.schedule](train)
+
+
+def weight_decay_mask(params: Any) -> Any:
+  """True for matrices (dense kernels, embeddings); False for biases and LayerNorm."""
+  def decays(path, _):
+    # The last dict key names the tensor (a boxed leaf adds an attribute key).
+    name = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
+    return name in ('kernel', 'embedding')
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make_optimizer(train: ml_collections.ConfigDict,
+                   platform: str | None = None) -> optax.GradientTransformation:
+  """Clipping by the global norm, then AdamW on config.train's schedule.
+
+  `platform` is where the step that applies it runs (default: JAX's backend
+  here); it picks the form of the clipping (platform_ops), never its result
+  beyond the last bit or two, nor the optimizer state's structure.
+  """
+  # The chain keeps one shape whatever the settings, so a run can be resumed
+  # with clipping switched off (an infinite threshold never clips).
+  clip = train.grad_clip_norm if train.grad_clip_norm > 0 else float('inf')
+  return optax.chain(
+      platform_ops.for_platform(platform).clip_by_global_norm(clip),
+      optax.adamw(learning_rate_schedule(train), b1=train.adam_b1, b2=train.adam_b2,
+                  eps=train.adam_eps, weight_decay=train.weight_decay, mask=weight_decay_mask))
+
+
+def check_optimizer(train: ml_collections.ConfigDict) -> None:
+  """ConfigError for the fields make_optimizer and learning_rate_schedule read beyond the
+  steps and the peak: schedule, its decay, weight decay, clipping (fine-tuning checks them so
+  too)."""
+  one_of('train', 'schedule', train.schedule, SCHEDULES)
+  one_of('train', 'decay_shape', train.decay_shape, DECAY_SHAPES)
+  require(0 < train.decay_fraction <= 1,
+          f'config.train.decay_fraction={train.decay_fraction} must be in (0, 1].')
+  require(train.weight_decay >= 0, 'config.train.weight_decay must be >= 0.')
+  require(train.grad_clip_norm >= 0, 'config.train.grad_clip_norm must be >= 0 (0 disables).')
