@@ -27,6 +27,7 @@ def _losses(workdir):
     return {r['step']: r['loss'] for r in map(json.loads, f) if 'loss' in r}
 
 
+@pytest.mark.slow
 def test_fsdp_splits_every_matrix_and_both_adam_moments():
   cfg = model_config(vocab_size=100, padded_vocab_size=128, num_layers=2,
                               hidden_size=32, num_heads=4, intermediate_size=64,

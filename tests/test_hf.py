@@ -150,6 +150,7 @@ def test_export_import_round_trip_is_exact(tmp_path):
       np.testing.assert_array_equal(y, x, err_msg=str(path))
 
 
+@pytest.mark.slow
 def test_bert_model_weights_keep_the_state_head(tmp_path):
   cfg = dataclasses.replace(ODD, vocab_size=200, padded_vocab_size=256)
   hf_model = _hf_model(200, 48, 2, 3, 100, 16, 2, 1e-6, seed=1).bert
@@ -179,6 +180,7 @@ def test_pickle_only_directory_is_refused(tmp_path):
     hf.load_hf_params(str(tmp_path), ODD)
 
 
+@pytest.mark.slow
 def test_shape_mismatch_names_the_tensor(tmp_path):
   hf.save_model(str(tmp_path), _random_params(ODD), ODD, SPECIALS)
   wider = dataclasses.replace(ODD, intermediate_size=64)

@@ -235,6 +235,7 @@ def test_tpu_dry_run_queued_spot_and_project(fakes):
       assert _option(command, '--project') == 'my-project', command
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('accelerator,version', [
     ('v5litepod-16', 'v2-alpha-tpuv5-lite'),
     ('v6e-8', 'v2-alpha-tpuv6e'),
@@ -265,6 +266,7 @@ def test_tpu_quoting_survives_both_shells(fakes):
   assert '--cache_dir' not in result.stderr  # no warning: the cache dir is set
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('drop,option', [
     ('--name', '--name'),
     ('--zone', '--zone'),
@@ -279,6 +281,7 @@ def test_tpu_missing_required_option(fakes, drop, option):
   assert result.stdout == ''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('args,message', [
     (['--workdir=gs://bucket/run'], 'gs://'),
     (['--queued', '--preemptible'], '--queued --spot'),
@@ -297,6 +300,7 @@ def test_tpu_rejects_bad_options(fakes, args, message):
   assert message in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_tpu_run_creates_copies_installs_and_starts(fakes, tmp_path):
   result = fakes(TPU, *TPU_ARGS, '--', EXTRA, recording=True)
   assert result.returncode == 0, result.stderr
@@ -323,6 +327,7 @@ def test_tpu_run_creates_copies_installs_and_starts(fakes, tmp_path):
   assert list((tmp_path / 'tmp').iterdir()) == []  # the temporary tarball is removed
 
 
+@pytest.mark.slow
 def test_tpu_failed_preflight_creates_nothing(fakes):
   result = fakes(TPU, *TPU_ARGS, recording=True, FAKE_PREFLIGHT_EXIT='1')
   assert result.returncode != 0
@@ -330,6 +335,7 @@ def test_tpu_failed_preflight_creates_nothing(fakes):
   assert 'pre-flight for v4-32 failed' in result.stderr and '--no_preflight' in result.stderr
 
 
+@pytest.mark.slow
 def test_tpu_no_preflight_skips_it(fakes):
   result = fakes(TPU, *TPU_ARGS, '--no_preflight', recording=True)
   assert result.returncode == 0, result.stderr
@@ -338,6 +344,7 @@ def test_tpu_no_preflight_skips_it(fakes):
   assert not [c for c in _commands(dry.stdout) if 'mlm_jax.preflight' in c]
 
 
+@pytest.mark.slow
 def test_tpu_run_reuses_a_ready_slice(fakes):
   result = fakes(TPU, *TPU_ARGS, recording=True, FAKE_TPU_STATE='READY')
   assert result.returncode == 0, result.stderr
@@ -346,6 +353,7 @@ def test_tpu_run_reuses_a_ready_slice(fakes):
   assert 'reusing TPU bert-v4' in result.stderr
 
 
+@pytest.mark.slow
 def test_tpu_run_stops_on_a_slice_that_is_not_ready(fakes):
   result = fakes(TPU, *TPU_ARGS, recording=True, FAKE_TPU_STATE='PREEMPTED')
   assert result.returncode != 0
@@ -353,6 +361,7 @@ def test_tpu_run_stops_on_a_slice_that_is_not_ready(fakes):
   assert [c['argv'][3] for c in _calls(fakes.dir) if c['tool'] == 'gcloud'] == ['describe']
 
 
+@pytest.mark.slow
 def test_tpu_run_queued_waits_for_active(fakes):
   result = fakes(TPU, *TPU_ARGS, '--queued', '--spot', recording=True)
   assert result.returncode == 0, result.stderr
@@ -423,6 +432,7 @@ def test_slurm_missing_workdir(fakes):
   assert result.stdout == ''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('args,message', [
     (['--workdir=/w', '--config=configs/nope.py'], 'configs/nope.py'),
     (['--workdir=gs://bucket/run'], 'gs://'),
@@ -435,6 +445,7 @@ def test_slurm_rejects_bad_options(fakes, args, message):
   assert message in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_slurm_run_in_allocation_calls_srun_with_all_gpus(fakes, tmp_path):
   venv = tmp_path / 'venv'
   (venv / 'bin').mkdir(parents=True)
@@ -455,6 +466,7 @@ def test_slurm_run_in_allocation_calls_srun_with_all_gpus(fakes, tmp_path):
                          'VIRTUAL_ENV': str(venv)}
 
 
+@pytest.mark.slow
 def test_slurm_run_outside_allocation_submits_what_the_dry_run_prints(fakes):
   args = ['--workdir=/shared/runs/base', '--', EXTRA]
   dry = fakes(SLURM, '--dry_run', *args)
@@ -466,6 +478,7 @@ def test_slurm_run_outside_allocation_submits_what_the_dry_run_prints(fakes):
   assert call['tool'] == 'sbatch' and call['argv'] == printed[1:]
 
 
+@pytest.mark.slow
 def test_slurm_failed_preflight_submits_and_starts_nothing(fakes):
   for env in ({}, {'SLURM_JOB_ID': '123', 'SLURM_GPUS_ON_NODE': '8'}):
     result = fakes(SLURM, '--workdir=/shared/runs/base', recording=True,
@@ -477,6 +490,7 @@ def test_slurm_failed_preflight_submits_and_starts_nothing(fakes):
   assert '--no_preflight' in _calls(fakes.dir)[-1]['argv']
 
 
+@pytest.mark.slow
 def test_slurm_copy_outside_the_repository_finds_it(fakes, tmp_path):
   """sbatch runs a spooled copy of the script, in the directory the job was submitted from."""
   copy = tmp_path / 'spool' / 'slurm_script'
@@ -500,6 +514,7 @@ def test_slurm_copy_outside_the_repository_finds_it(fakes, tmp_path):
 # --- The Python that runs the launchers ---------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('script', SCRIPTS)
 def test_a_python3_too_old_is_passed_over(script, fakes, tmp_path):
   old = tmp_path / 'old'

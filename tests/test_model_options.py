@@ -181,6 +181,7 @@ def test_attention_kernels_agree_and_padding_rows_stay_finite(kernel):
   np.testing.assert_allclose(other[:3], ours[:3], atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.slow
 def test_softmax_attention_matches_the_library_with_its_gradients():
   # Ours scales q, adds a mask bias and divides after the product with v;
   # jax.nn.dot_product_attention is the reference (values and gradients),

@@ -108,6 +108,7 @@ def test_invalid_modern_fields_are_named(fields, message):
 # ------------------------------------------------------------------ model
 
 
+@pytest.mark.slow
 def test_bert_parameter_tree_is_unchanged():
   cfg = model_config(vocab_size=V, padded_vocab_size=384, num_layers=1, hidden_size=64,
                      num_heads=4, intermediate_size=96, max_position_embeddings=T)
@@ -151,6 +152,7 @@ def test_modern_parameters_have_no_biases_and_fsdp_splits_every_matrix():
   assert all('embed' in axes for axes in matrices.values()), matrices  # The axis fsdp splits.
 
 
+@pytest.mark.slow
 def test_kernels_and_remat_give_the_same_logits():
   params, batch = _random_params(_cfg()), _batch(1)
   ours = _logits(_cfg(), params, batch)

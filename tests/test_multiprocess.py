@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.conftest import REPO
 from tests.conftest import write_config_file
@@ -50,6 +51,7 @@ def _train_losses(config_file: str, workdir: str, num_processes: int, devices: i
   return [(r['step'], r['loss']) for r in records if 'loss' in r]
 
 
+@pytest.mark.slow
 def test_two_processes_of_four_devices_match_one_of_eight_and_one_device(prepared, tmp_path):
   config, data = prepared
   # One chain everywhere: auto would give the single device 2 chains, whose
@@ -68,6 +70,7 @@ def test_two_processes_of_four_devices_match_one_of_eight_and_one_device(prepare
   assert os.path.isdir(tmp_path / 'p2x4' / 'checkpoints' / str(NUM_STEPS))
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_both_at_the_same_step_and_resumes(prepared, tmp_path):
   """A preemption notice reaches one host; all hosts must save the same step."""
   config, data = prepared

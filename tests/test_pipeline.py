@@ -92,6 +92,7 @@ def test_batches_same_for_any_chunk_size(prepared):
     _assert_same(a, b)
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_same_batches(prepared):
   config, data = prepared
   source = data.source('train')
@@ -223,6 +224,7 @@ def test_eval_pairs_fixed_and_padding_rows_weightless(prepared):
   assert weights.sum() >= len(source) - 1  # Only a short last row may have no pair.
 
 
+@pytest.mark.slow
 def test_pipeline_bench_prints_tokens_per_second(prepared, tmp_path):
   config, data = prepared
   config_file = write_config_file(tmp_path / 'bench.py', config.data.corpus, data.data_dir)
@@ -253,6 +255,7 @@ def test_every_epoch_is_a_new_permutation_of_the_rows():
   assert not np.array_equal(epochs[0], input_pipeline.stream_to_source(np.arange(n), n, seed=4))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('max_index', [1, 2, 7, 4668, 2**16 - 1, 2**16, 2**16 + 1, 10**7,
                                        2**31 + 3, 2**40 - 1, 2**62 + 1])
 def test_index_shuffle_is_grains_permutation_bit_for_bit(max_index):

@@ -186,6 +186,7 @@ def test_half_word_dropout_takes_nn_dropouts_place_in_the_module_tree():
       'Dropout_0', 'Dropout_1', '__call__'}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('variant', ['bert', 'modern'])
 def test_model_on_tpu_ops_equals_the_model_on_cpu_ops(variant):
   # The same config compiled for a TPU (library defaults) and for a CPU

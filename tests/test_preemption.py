@@ -49,6 +49,7 @@ def setup(prepared, tmp_path_factory):
   return config_file, _final_params(reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('test_signal,last_complete', [
     ('SIGTERM@3', 3),          # A clean stop between checkpoints: it saves step 3.
     ('SIGKILL@save:6', 4),     # No chance to save step 6: back to the last checkpoint.

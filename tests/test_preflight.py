@@ -95,6 +95,7 @@ def test_missing_compiler_names_the_extra(monkeypatch):
 # ------------------------------------------------------------- bad configs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('override, field', [
     ('--config.train.batch_size=250', 'config.train.batch_size=250'),       # 16 devices
     ('--config.model.num_heads=7', 'config.model.num_heads=7'),

@@ -98,6 +98,7 @@ def _stopped_at_4(reference, tmp_path):
 # ------------------------------------------------------------ one run per workdir
 
 
+@pytest.mark.slow
 def test_second_run_in_a_workdir_is_refused_and_a_dead_runs_lock_taken_over(setup, tmp_path,
                                                                              caplog):
   config_file, _, _ = setup
@@ -150,6 +151,7 @@ def test_lock_held_from_another_host_is_taken_over_only_once_its_heartbeat_is_ol
 # ------------------------------------------------------ past an unreadable checkpoint
 
 
+@pytest.mark.slow
 def test_damaged_latest_checkpoint_is_set_aside_and_the_run_resumes_bit_identical(setup,
                                                                                   tmp_path):
   config_file, reference, uninterrupted = setup
@@ -370,6 +372,7 @@ def _earlier_checkpoints_restore(workdir, uninterrupted):
     _assert_same(_params(uninterrupted, step), _params(workdir, step))
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_the_run_before_it_writes_with_one_line(setup, tmp_path):
   if not _small_disk_works(str(tmp_path)):
     pytest.skip('needs a tmpfs in a user and mount namespace (unshare -rm)')
@@ -384,6 +387,7 @@ def test_a_full_disk_stops_the_run_before_it_writes_with_one_line(setup, tmp_pat
   assert not [d for d in os.listdir(os.path.join(workdir, 'checkpoints')) if 'tmp' in d]
 
 
+@pytest.mark.slow
 def test_a_disk_failing_during_a_save_stops_the_run_with_one_line(setup, tmp_path):
   """The disk fills up (or refuses large files) once the save of step 6 has begun."""
   config_file, _, uninterrupted = setup
@@ -413,6 +417,7 @@ def test_a_disk_failing_during_a_save_stops_the_run_with_one_line(setup, tmp_pat
 # ------------------------------------------------------ one line for every bad input
 
 
+@pytest.mark.slow
 def test_misspelt_or_mistyped_flags_are_one_line_and_status_2(setup, tmp_path):
   config_file, _, _ = setup
   workdir = str(tmp_path / 'run')

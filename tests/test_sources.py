@@ -261,6 +261,7 @@ def _prepare_in_subprocess(config_code: str, patch: str = '') -> subprocess.Comp
                         timeout=120)
 
 
+@pytest.mark.slow
 def test_interrupted_prepare_resumes_to_the_same_dataset_for_any_worker_count(
     tmp_path, monkeypatch):
   src = tmp_path / 'src'
@@ -379,6 +380,7 @@ def _write_tfds_text_dataset(data_dir) -> list[str]:
   return DOCS[:200]
 
 
+@pytest.mark.slow
 def test_a_tfds_dataset_on_disk_is_a_corpus(tmp_path, monkeypatch):
   monkeypatch.setattr(corpus, 'TFDS_RECORDS_PER_UNIT', 50)  # 3 units for 2 workers.
   texts = _write_tfds_text_dataset(tmp_path / 'tfds')
@@ -515,6 +517,7 @@ def test_a_capped_tokenizer_sample_is_the_same_for_any_worker_count(tmp_path, mo
   _assert_same_data(one, two)
 
 
+@pytest.mark.slow
 def test_the_prepare_command_prepares_once_and_reports(tmp_path):
   (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS[:200]))
   data_dir = tmp_path / 'data'
@@ -547,6 +550,7 @@ def test_a_file_that_vanishes_after_its_first_range_is_reported_per_range(tmp_pa
   assert all('bytes' in s['input'] and 'cannot read' in s['reason'] for s in tally.skipped)
 
 
+@pytest.mark.slow
 def test_apache_beam_prepares_the_same_dataset_as_local_workers(tmp_path, monkeypatch):
   pytest.importorskip('apache_beam')
   monkeypatch.setattr(corpus, 'UNIT_BYTES', 16 << 10)    # One file in byte ranges,
@@ -566,6 +570,7 @@ def test_apache_beam_prepares_the_same_dataset_as_local_workers(tmp_path, monkey
   assert sorted(os.listdir(tmp_path / 'beam')) == sorted(os.listdir(tmp_path / 'local'))
 
 
+@pytest.mark.slow
 def test_prepare_with_beam_options_of_an_unknown_runner_stops_before_any_work(tmp_path):
   pytest.importorskip('apache_beam')
   (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS[:20]))

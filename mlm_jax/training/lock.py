@@ -69,14 +69,18 @@ def hold(directory: str) -> Iterator[None]:
 class _Lock:
   """The lock file of one directory, held by this process, with its heartbeat thread."""
 
-  def __init__(self, path: str, record: dict[str, Any]):
+  def __init__(self, path: str, record: dict[str, Any], created_directory: bool = False):
     self.path, self.record = path, record
+    # A directory made only to hold the lock is removed with it when the run
+    # left nothing else there (bad input refused before any work).
+    self._created_directory = created_directory
     self._stop = threading.Event()
     self._beat = threading.Thread(target=self._heartbeat, name='run_lock_heartbeat', daemon=True)
     self._beat.start()
 
   @classmethod
   def take(cls, directory: str) -> _Lock:
+    created = not os.path.isdir(directory)
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, FILE_NAME)
     now = time.time()
@@ -99,7 +103,7 @@ class _Lock:
       json.dump(record, f, indent=2)
       f.flush()
       os.fsync(f.fileno())
-    return cls(path, record)
+    return cls(path, record, created)
 
   def release(self) -> None:
     """Stops the heartbeat and removes the lock file, if it still names this run."""
@@ -108,6 +112,9 @@ class _Lock:
       with open(self.path) as f:
         if json.load(f) == self.record:
           os.remove(self.path)
+    if self._created_directory:
+      with contextlib.suppress(OSError):  # Not empty: the run wrote something.
+        os.rmdir(os.path.dirname(self.path))
 
   def _heartbeat(self) -> None:
     while not self._stop.wait(HEARTBEAT_S):
