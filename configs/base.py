@@ -140,7 +140,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Dropout on attention probabilities (modern: also on the attention output,
   # as ModernBERT's attention_dropout). 0, unlike BERT's 0.1, as MosaicBERT,
   # ModernBERT and Cramming train: it lets attention compile to the fused
-  # kernels (cuDNN on GPUs, jax.nn.dot_product_attention on TPUs), and held-out
+  # kernels (cuDNN on GPUs, splash attention on TPUs), and held-out
   # [MASK]-slot accuracy did not suffer at equal steps (docs/training.md).
   config.model.attention_dropout_rate = 0.0
   # Std of the truncated-normal initialiser.
@@ -150,11 +150,22 @@ def get_config() -> ml_collections.ConfigDict:
   # Compute dtype: 'auto' (float32 on CPU, bfloat16 on GPU/TPU), 'float32'
   # or 'bfloat16'. Parameters are always float32.
   config.model.dtype = 'auto'
-  # Attention kernel (model/config.py ATTENTIONS): 'auto' picks cuDNN's fused
-  # kernel on NVIDIA GPUs in bfloat16, jax.nn.dot_product_attention on TPUs
-  # and ours ('xla') on CPUs, and ours whenever attention_dropout_rate > 0
-  # (only ours has that dropout). The run's log says which it compiled to.
+  # Attention kernel (model/attention.py): 'xla' (ours, dense mask),
+  # 'dot_product', 'cudnn' (NVIDIA GPUs, 16-bit), 'splash' (TPUs) or
+  # 'blocked' (XLA, O(T·window) for local layers). 'auto' picks splash
+  # attention on TPUs, cuDNN for global layers on GPUs in bfloat16, 'blocked'
+  # for local layers elsewhere and ours for the rest, and only the kernels
+  # with dropout ('xla', 'blocked') when attention_dropout_rate > 0. A kernel
+  # that cannot take a call's mask hands it to another; the run's log says
+  # which kernel each kind of layer compiled to, and why.
   config.model.attention = 'auto'
+  # Keep packed documents apart: a token attends only to tokens of its own
+  # document (document ids come from the row's [SEP]s). Not with
+  # sentence_pair.task, whose two segments must see each other.
+  config.model.document_mask = False
+  # Positions (position table, rotary angles) restart at 0 at each document's
+  # first token in a packed row, instead of counting from the row's start.
+  config.model.restart_positions = False
   # Compile one block and nn.scan it over the layers (faster compiles of deep
   # models; parameters stored stacked, converted on export).
   config.model.scan_layers = False

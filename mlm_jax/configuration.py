@@ -59,6 +59,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
           f"config.sentence_pair.task={config.sentence_pair.task!r} gives the second segment "
           f'token type 1, but the model has config.model.type_vocab_size={model.type_vocab_size} '
           "(RoBERTa's checkpoints have one): use sentence_pair.task='none'.")
+  for field in ('document_mask', 'restart_positions'):
+    require(config.sentence_pair.task == 'none' or not model[field],
+            f'config.model.{field}=True with config.sentence_pair.task='
+            f"{config.sentence_pair.task!r}: a sentence pair's two segments are cut from one "
+            f"row and must see each other as one text; set {field}=False or task='none'.")
   _check_mesh(config, num_devices)
   if check_paths:
     _check_init(config)
@@ -115,9 +120,14 @@ def _check_init(config: ml_collections.ConfigDict) -> None:
 ARCHITECTURE_FIELDS = (
     'variant', 'vocab_size', 'num_layers', 'hidden_size', 'num_heads', 'intermediate_size',
     'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps', 'global_attn_every_n_layers',
-    'local_attention', 'global_rope_theta', 'local_rope_theta')
-# config.model fields a checkpoint suggests: its value unless given on the command line.
-RECIPE_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'initializer_range')
+    'local_attention')
+# config.model fields a checkpoint suggests: its value unless given on the command line. The
+# rotary bases are a recipe's to change (context extension: ModernBERT raises the global
+# layers' from 10,000 to 160,000 for rows of 8,192 tokens), as is a rotary model's
+# max_position_embeddings, which sizes no table.
+RECIPE_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'initializer_range',
+                 'global_rope_theta', 'local_rope_theta')
+ROTARY_RECIPE_FIELDS = ('max_position_embeddings',)
 
 
 def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
@@ -139,11 +149,12 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
   overrides = set(overrides)
   config = config.copy_and_resolve_references()
   model = config.model
+  recipe = RECIPE_FIELDS + (ROTARY_RECIPE_FIELDS if fields.get('variant') == 'modern' else ())
   for key in ARCHITECTURE_FIELDS + RECIPE_FIELDS:
     if key not in fields or model[key] == fields[key]:
       continue
     if f'model.{key}' in overrides:
-      require(key in RECIPE_FIELDS,
+      require(key in recipe,
               f'config.model.{key}={model[key]!r} contradicts the checkpoint in {source} '
               f'({key}={fields[key]!r}): the checkpoint decides the architecture; drop the '
               'override.')
@@ -159,9 +170,14 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
             f'config.tokenizer.model_file={tok.model_file!r} is set, but the checkpoint in '
             f'{source} brings its own tokenizer; leave it empty.')
   tok.model_file = tok.model_file or tokenizer_path
+  rotary = model.variant == 'modern'
   require(config.data.seq_len <= model.max_position_embeddings,
           f'config.data.seq_len={config.data.seq_len} exceeds the {model.max_position_embeddings} '
-          f'positions of the checkpoint in {source}; use at most that.')
+          f'positions of the checkpoint in {source}; '
+          + (f'its positions are rotary: to extend its context, also set '
+             f'--config.model.max_position_embeddings={config.data.seq_len} (and, as ModernBERT '
+             'does, a larger --config.model.global_rope_theta).' if rotary else
+             'its position table has that many rows: use at most that.'))
   _check_vocab(config, source)
   validate(config, num_devices=num_devices)
   return config

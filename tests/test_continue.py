@@ -162,6 +162,56 @@ def test_weights_only_continuation_from_a_run(continued, corpus_glob, tmp_path):
     assert json.load(f)['model']['variant'] == variant
 
 
+@pytest.mark.slow
+def test_context_extension_of_a_published_modernbert(texts, corpus_glob, tmp_path):
+  """Rows longer than the checkpoint's positions, a larger global rotary base, documents apart:
+  ModernBERT's second phase. The weights start as published, the export carries the new
+  length and base."""
+  hf_dir = published.make_modernbert(str(tmp_path / 'modern'), texts)
+  config = _config(corpus_glob, str(tmp_path / 'data'), hf_dir)
+  config.data.seq_len = 128            # The checkpoint says 64 positions,
+  config.model.max_position_embeddings = 8192   # which its value replaces unless overridden.
+  config.train.num_steps = 2
+  config.train.warmup_steps = 4        # Learning rate 0 at step 1: weights as published.
+  config.train.eval_every = config.train.checkpoint_every = 1
+  with pytest.raises(configuration.ConfigError, match=r'max_position_embeddings=128'):
+    configuration.resolve(config, 8)   # Rotary: the message says how to extend.
+  config.model.max_position_embeddings = 128
+  config.model.global_rope_theta = 160_000.0
+  config.model.document_mask = True
+  overrides = ['data.seq_len', 'model.max_position_embeddings', 'model.global_rope_theta',
+               'model.document_mask']
+  resolved = configuration.resolve(config, 8, overrides=overrides)
+  assert resolved.model.global_rope_theta == 160_000.0 and resolved.model.local_rope_theta == 10_000
+  loop.train_and_evaluate(config, str(tmp_path / 'run'), overrides)
+  with open(tmp_path / 'run' / 'config.json') as f:
+    saved = json.load(f)
+  assert saved['data']['seq_len'] == 128 and saved['model']['max_position_embeddings'] == 128
+  _, params, _ = checkpoint.restore_params(str(tmp_path / 'run' / 'checkpoints'), 1)
+  model = transformers.ModernBertForMaskedLM.from_pretrained(hf_dir)
+  np.testing.assert_allclose(params['encoder']['embeddings']['token']['embedding'][:100],
+                             model.model.embeddings.tok_embeddings.weight.detach().numpy()[:100],
+                             atol=1e-6)
+  from mlm_jax.interop import mlm_export as export_lib
+  export_lib.export(str(tmp_path / 'run'), str(tmp_path / 'export'))
+  exported = transformers.AutoConfig.from_pretrained(str(tmp_path / 'export'))
+  assert exported.max_position_embeddings == 128
+  thetas = json.dumps(exported.to_dict())
+  assert '160000' in thetas
+
+
+def test_the_rotary_base_is_the_recipes_and_a_bert_table_is_not_extended(bert_dir, corpus_glob,
+                                                                         tmp_path):
+  config = _config(corpus_glob, str(tmp_path / 'data'), bert_dir)
+  config.data.seq_len = 128
+  config.model.max_position_embeddings = 128
+  config.masking.max_predictions = 20
+  with pytest.raises(configuration.ConfigError, match='max_position_embeddings=128 contradicts'):
+    configuration.resolve(config, 8, overrides=['model.max_position_embeddings'])
+  with pytest.raises(configuration.ConfigError, match='position table has that many rows'):
+    configuration.resolve(config, 8)
+
+
 # ------------------------------------------------------------------ bad input
 
 

@@ -340,7 +340,7 @@ def _full_then_gathered(module, batch, deterministic=True):
                                         module.make_rng('dropout'))
     positions = inputs['positions']
   sequence = module.encoder(inputs['input_ids'], inputs['segment_ids'], inputs['attention_mask'],
-                            deterministic, positions=positions)
+                            deterministic, positions=positions, row_positions=positions)
   out = {'mlm_logits': module.mlm_logits(sequence, inputs['masked_positions'])}
   if module.cfg.sentence_pair_head:
     out['sentence_pair_logits'] = module.sentence_pair(sequence, True)

@@ -1,4 +1,4 @@
-"""Model options: scanned layers, remat, attention choice, DropToken, sentence-pair head."""
+"""Model options: scanned layers, remat, DropToken, sentence-pair head (attention: test_attention)."""
 
 import json
 import os
@@ -147,66 +147,6 @@ def test_remat_keeps_deterministic_static_wherever_a_block_puts_it():
     assert float(got) == pytest.approx(float(want), rel=1e-6)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                            got_grads, want_grads)
-
-
-def test_attention_choice():
-  from mlm_jax.model import layers
-  assert layers.attention_kernel(_cfg()) == 'xla'                   # auto on a CPU
-  assert layers.attention_kernel(_cfg(attention='cudnn')) == 'cudnn'
-  # 'auto' is resolved for the platform the step is compiled for, not the host's.
-  assert layers.attention_kernel(_cfg(platform='gpu', dtype=jnp.bfloat16)) == 'cudnn'
-  assert layers.attention_kernel(_cfg(platform='tpu')) == 'dot_product'
-  resolve = model_lib.resolve_attention
-  bf16, f32 = jnp.bfloat16, jnp.float32
-  assert resolve('auto', 'gpu', bf16) == 'cudnn' and resolve('auto', 'gpu', f32) == 'xla'
-  assert resolve('auto', 'tpu', bf16) == 'dot_product' and resolve('auto', 'cpu', f32) == 'xla'
-  # With dropout on the probabilities only ours can train it, and the log says so.
-  assert resolve('auto', 'gpu', bf16, 0.1) == resolve('auto', 'tpu', bf16, 0.1) == 'xla'
-  assert 'attention dropout 0.1' in model_lib.describe_attention(
-      _cfg(attention='xla', attention_dropout_rate=0.1))
-
-
-@pytest.mark.parametrize('kernel', ['dot_product', 'xla'])
-def test_attention_kernels_agree_and_padding_rows_stay_finite(kernel):
-  """A layer through jax.nn.dot_product_attention equals ours; all-padding rows (eval's
-  padding) give finite outputs either way."""
-  x = jnp.asarray(np.random.default_rng(4).normal(size=(B, T, 32)), jnp.float32)
-  key_mask = jnp.asarray(np.arange(T)[None] < np.array([T, 7, 1, 0])[:, None])
-  from mlm_jax.model import layers
-  cfg = _cfg(attention='xla')
-  params = layers.SelfAttention(cfg).init(jax.random.key(0), x, key_mask, True)
-  ours = layers.SelfAttention(cfg).apply(params, x, key_mask, True)
-  other = layers.SelfAttention(_cfg(attention=kernel)).apply(params, x, key_mask, True)
-  assert np.isfinite(np.asarray(other)).all()
-  np.testing.assert_allclose(other[:3], ours[:3], atol=2e-5, rtol=2e-5)
-
-
-@pytest.mark.slow
-def test_softmax_attention_matches_the_library_with_its_gradients():
-  # Ours scales q, adds a mask bias and divides after the product with v;
-  # jax.nn.dot_product_attention is the reference (values and gradients),
-  # with padding at the end of rows as the pipeline makes it.
-  rng = np.random.default_rng(0)
-  b, t, n, h = 3, 10, 2, 4
-  q, k, v = (jnp.asarray(rng.normal(size=(b, t, n, h)) * 3, jnp.float32) for _ in range(3))
-  key_mask = jnp.asarray(np.arange(t)[None] < np.array([10, 6, 1])[:, None])
-  g = jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32)
-
-  def loss(f, *qkv):
-    return jnp.sum(f(*qkv) * g)
-  ours = lambda q, k, v: model_lib.softmax_attention(q, k, v, key_mask)
-  ref = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=key_mask[:, None, None, :],
-                                                     implementation='xla')
-  np.testing.assert_allclose(ours(q, k, v), ref(q, k, v), atol=1e-5, rtol=1e-5)
-  for a, r in zip(jax.grad(lambda *x: loss(ours, *x), argnums=(0, 1, 2))(q, k, v),
-                  jax.grad(lambda *x: loss(ref, *x), argnums=(0, 1, 2))(q, k, v)):
-    np.testing.assert_allclose(a, r, atol=1e-4, rtol=1e-4)
-  # Masked keys get no weight: changing them changes nothing.
-  k2 = k.at[1, 6:].set(100.0)
-  np.testing.assert_allclose(ours(q, k2, v), ours(q, k, v), atol=1e-6)
-  # Dropout acts on the probabilities: dropping everything leaves zeros.
-  dropped = model_lib.softmax_attention(q, k, v, key_mask, dropout=jnp.zeros_like)
-  np.testing.assert_array_equal(dropped, 0.0)
 
 
 def test_drop_tokens_keeps_masked_tokens_cls_and_order_and_drops_padding_first():

@@ -136,9 +136,10 @@ def test_base_compiles_and_fits_on_h100x8_with_cudnn_attention(tmp_path):
   # The shipped defaults, nothing overridden: attention must reach the fused kernel.
   code, output, r = _preflight('--config=configs/base.py', '--target=h100x8', tmp_path=tmp_path)
   assert code == 0, output[-3000:]
-  assert r['train']['fits'] and r['model']['attention'] == 'cudnn'
+  assert r['train']['fits'] and r['model']['attention'] == 'auto'
+  assert [c['kernel'] for c in r['attention']['plan']] == ['cudnn', 'cudnn']
   # 12 layers, forward and backward.
-  assert r['cudnn_attention'] == {'calls': 24, 'expected': 24}
+  assert r['attention']['fused_calls'] == {'cudnn': {'expected': 24, 'compiled': 24}}
   # Gradients (~200 tensors) are reduced in a few combined buckets, not one by one.
   assert 0 < r['train']['hlo']['collectives']['all-reduce']['count'] <= 16
   assert abs(r['train']['flops'] / r['model_flops_per_device'] - 1) < 0.10
@@ -151,7 +152,39 @@ def test_large_compiles_to_cudnn_attention_at_its_shipped_defaults(tmp_path):
                                '--config.train.batch_size=8', '--config.eval.batch_size=8',
                                tmp_path=tmp_path)
   assert code == 0, output[-3000:]
-  assert r['cudnn_attention'] == {'calls': 48, 'expected': 48}
+  assert r['attention']['fused_calls'] == {'cudnn': {'expected': 48, 'compiled': 48}}
+
+
+_LONG = ('--config=configs/tiny.py', '--config.data.seq_len=1024',
+         '--config.model.max_position_embeddings=1024', '--config.train.batch_size=32',
+         '--config.eval.batch_size=32')
+
+
+@pytest.mark.slow
+def test_modern_at_length_compiles_to_splash_attention_on_a_tpu_slice(tmp_path):
+  _require_compilers('v5p-8')
+  # Documents apart: splash takes them as segment ids, in local and global layers.
+  code, output, r = _preflight(*_LONG, '--config.model.document_mask=True', '--target=v5p-8',
+                               tmp_path=tmp_path)
+  assert code == 0, output[-3000:]
+  plan = {c['what']: c for c in r['attention']['plan']}
+  assert plan['global layers 0']['kernel'] == plan['local layers 1, 2']['kernel'] == 'splash'
+  # The last block's queries are the masked slots: no static mask follows them.
+  assert 'masked slots' in plan['last block (layer 3, global) at its 160 output rows']['why']
+  # Forward, dq and dkv kernels for each of the 3 splash layers.
+  assert r['attention']['fused_calls'] == {'splash': {'expected': 9, 'compiled': 9}}
+  assert 'splash attention at peak' in output and r['estimate']['splash_s'] > 0
+
+
+@pytest.mark.slow
+def test_modern_at_length_compiles_to_cudnn_and_blocked_kernels_on_a_gpu(tmp_path):
+  _require_compilers('h100')
+  code, output, r = _preflight(*_LONG, '--target=h100', tmp_path=tmp_path)
+  assert code == 0, output[-3000:]
+  assert [c['kernel'] for c in r['attention']['plan']] == ['cudnn', 'blocked', 'cudnn']
+  assert r['attention']['fused_calls'] == {'cudnn': {'expected': 4, 'compiled': 4}}
+  # Local layers in O(T·w): the compiled matmuls are within a fifth of flops.py's count.
+  assert abs(r['train']['flops'] / r['model_flops_per_device'] - 1) < 0.2
 
 
 def test_asking_for_cudnn_with_attention_dropout_is_refused(tmp_path):

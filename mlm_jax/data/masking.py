@@ -105,6 +105,18 @@ def replacement_distribution(source: str, vocab_size: int, unigram_counts: np.nd
   return weights / weights.sum()
 
 
+def document_ids(input_ids: np.ndarray, specials: tok_lib.Specials) -> np.ndarray:
+  """Packed rows [b, T] -> [b, T] int32: each token's document, 1, 2, ... from the row's start.
+
+  A packed row is [CLS] doc [SEP] doc [SEP] ... (packing.py): a [SEP] closes
+  its document and the next token starts another; [CLS] belongs to the
+  first. Padding is 0.
+  """
+  sep = input_ids == specials.sep
+  ids = 1 + np.cumsum(sep, axis=1, dtype=np.int32) - sep
+  return np.where(input_ids != specials.pad, ids, 0).astype(np.int32)
+
+
 def _to_slots(selected: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
   """[b, T] bool with at most p per row -> ascending positions [b, p], valid [b, p]."""
   rows, cols = np.nonzero(selected)  # Row-major: ascending columns within a row.
@@ -184,6 +196,7 @@ class Masker:
         'input_ids': masked_input.astype(np.int32),                        # [b, T]
         'attention_mask': (input_ids != pad).astype(np.int32),             # [b, T]
         'segment_ids': np.zeros((b, t), np.int32),                         # [b, T]
+        'document_ids': document_ids(input_ids, self.specials),            # [b, T]
         'masked_positions': positions.astype(np.int32),                    # [b, P]
         'masked_ids': targets.astype(np.int32),                            # [b, P]
         'masked_weights': valid.astype(np.float32),                        # [b, P]

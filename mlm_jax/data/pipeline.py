@@ -97,6 +97,8 @@ class BatchBuilder:
                                  num_source_rows=len(self.reader))
     batch = self.masker(pairs['input_ids'], seed=self.seed, step=step, rows=rows)
     batch['segment_ids'] = pairs['segment_ids']
+    # A pair is one document: its segments must see each other.
+    batch['document_ids'] = (pairs['input_ids'] != self.masker.specials.pad).astype(np.int32)
     batch['sentence_pair_labels'] = pairs['sentence_pair_labels']
     batch['sentence_pair_weights'] = pairs['sentence_pair_weights']
     return batch

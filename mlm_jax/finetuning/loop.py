@@ -285,9 +285,8 @@ def _model_config(pretrained: pretrained_lib.Pretrained, config: ml_collections.
   section['dropout_rate'] = _value_or(config.model.dropout_rate, section['dropout_rate'])
   platform = jax.devices()[0].platform
   dtype = model_lib.compute_dtype(section['dtype'], platform)
-  attention = model_lib.resolve_attention(section['attention'], platform, dtype,
-                                          section['attention_dropout_rate'])
   cfg = model_dir.model_config({'model': section, 'vocab_size': pretrained.model_cfg.vocab_size,
                                 'padded_vocab_size': pretrained.model_cfg.padded_vocab_size},
-                               dtype, attention=attention, sentence_pair_head=False)
+                               dtype, platform=platform, sentence_pair_head=False)
+  model_lib.check_attention_platform(cfg)
   return cfg, section

@@ -2,7 +2,8 @@
 names, no configs files or data.
 
   config.py   ModelConfig, the allowed values of config.model and their checks
-  layers.py   initialisers, LayerNorm, the attention kernels, BERT's self-attention
+  attention.py  the mask description (Mask), the attention kernels, which one each call gets
+  layers.py   initialisers, LayerNorm, row gathers, BERT's self-attention
   heads.py    the MLM head (gathered masked slots, tied embedding) and NSP/SOP
   encoder.py  the layer loop both encoders share (remat, scan, output rows)
   bert.py     the post-LN BERT encoder and BertForMLM
@@ -13,14 +14,16 @@ runtime/platform_ops.py gives for the platform the step is compiled for.
 """
 
 from mlm_jax.model.bert import BertForMLM
+from mlm_jax.model.attention import Mask
+from mlm_jax.model.attention import check_platform as check_attention_platform
+from mlm_jax.model.attention import describe as describe_attention
+from mlm_jax.model.attention import softmax_attention
+from mlm_jax.model.bert import document_positions
 from mlm_jax.model.bert import drop_tokens
 from mlm_jax.model.config import ModelConfig
 from mlm_jax.model.config import compute_dtype
-from mlm_jax.model.config import describe_attention
-from mlm_jax.model.config import resolve_attention
 from mlm_jax.model.encoder import stack_layers
 from mlm_jax.model.encoder import unstack_layers
-from mlm_jax.model.layers import softmax_attention
 from mlm_jax.model.modern import ModernBertForMLM
 
 
@@ -29,6 +32,7 @@ def mlm_model(cfg: ModelConfig) -> BertForMLM:
   return ModernBertForMLM(cfg) if cfg.variant == 'modern' else BertForMLM(cfg)
 
 
-__all__ = ['BertForMLM', 'ModelConfig', 'ModernBertForMLM', 'compute_dtype', 'describe_attention',
-           'drop_tokens', 'mlm_model', 'resolve_attention', 'softmax_attention', 'stack_layers',
-           'unstack_layers']
+__all__ = ['BertForMLM', 'Mask', 'ModelConfig', 'ModernBertForMLM', 'check_attention_platform',
+           'compute_dtype',
+           'describe_attention', 'document_positions', 'drop_tokens', 'mlm_model',
+           'softmax_attention', 'stack_layers', 'unstack_layers']

@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from mlm_jax.model import attention
 from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
 from mlm_jax.model.encoder import run_blocks
@@ -62,7 +63,7 @@ class TransformerBlock(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x: Array, key_mask: Array, deterministic: bool,
+  def __call__(self, x: Array, mask: attention.Mask, deterministic: bool,
                rows: Array | None = None) -> Array:
     """x [B, T, d] -> [B, T, d]; with rows [B, Q] only those rows' outputs, [B, Q, d].
 
@@ -79,7 +80,7 @@ class TransformerBlock(nn.Module):
     context = x = cfg.batch_split(x)
     if rows is not None:
       x = cfg.batch_split(take_rows(x, rows))
-    h = dropout(SelfAttention(cfg, name='attention')(x, key_mask, deterministic, context))
+    h = dropout(SelfAttention(cfg, name='attention')(x, mask, deterministic, context, rows))
     x = layer_norm(cfg, 'attention_layer_norm')(x + h)
     h = cfg.ops.gelu(cfg.batch_split(dense(cfg.intermediate_size, (EMBED, MLP), 'intermediate')(x)))
     h = dropout(dense(cfg.hidden_size, (MLP, EMBED), 'output')(h))          # h: [B, T, d_ff] above
@@ -92,11 +93,15 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, input_ids: Array, segment_ids: Array, attention_mask: Array,
                deterministic: bool = True, return_all_layers: bool = False,
-               positions: Array | None = None, output_rows: Array | None = None) -> Array:
+               positions: Array | None = None, output_rows: Array | None = None,
+               row_positions: Array | None = None, document_ids: Array | None = None) -> Array:
     """[B, T] ids -> [B, T] contextual embeddings [B, T, d].
 
-    `positions` [B, T]: each token's position in the original row (default
-    0..T-1); DropToken passes the positions of the tokens it kept.
+    `positions` [B, T]: each token's position embedding (default 0..T-1);
+    DropToken passes the positions of the tokens it kept, restarted positions
+    count from each document's start. `document_ids` [B, T]: each token's
+    document, which attention keeps it in (None: the row is one).
+    `row_positions`: unused (no attention window in BERT).
     With return_all_layers: [L + 1, B, T, d], the embeddings' output (index 0)
     and then every block's, the last being the usual output.
     `output_rows` [B, Q] (indices into T): only those rows' outputs, [B, Q, d]
@@ -104,8 +109,9 @@ class Encoder(nn.Module):
     """
     cfg = self.cfg
     x = Embeddings(cfg, name='embeddings')(input_ids, segment_ids, positions, deterministic)
-    key_mask = attention_mask.astype(bool)
-    return run_blocks(cfg, TransformerBlock, x, deterministic, lambda layer: {'key_mask': key_mask},
+    del row_positions
+    mask = attention.Mask(attention_mask.astype(bool), documents=document_ids)
+    return run_blocks(cfg, TransformerBlock, x, deterministic, lambda layer: {'mask': mask},
                       output_rows=output_rows, return_all_layers=return_all_layers)
 
 
@@ -115,8 +121,9 @@ def drop_tokens(batch: dict[str, Array], rate: float, rng: Array) -> dict[str, A
   Each row keeps T' = T - round(rate * (T - P)) tokens, in their order and
   with their original positions: [CLS] and every masked slot are always
   kept, padding is dropped first, then random unmasked tokens. Returns the
-  shortened input_ids/segment_ids/attention_mask/positions [B, T'] and
-  masked_positions re-indexed into the kept tokens.
+  shortened input_ids/segment_ids/attention_mask/positions [B, T'] (and
+  document_ids when the batch has them) and masked_positions re-indexed
+  into the kept tokens.
   """
   b, t = batch['input_ids'].shape
   p = batch['masked_positions'].shape[1]
@@ -130,9 +137,23 @@ def drop_tokens(batch: dict[str, Array], rate: float, rng: Array) -> dict[str, A
   kept = jnp.sort(jnp.argsort(score, axis=1)[:, :keep], axis=1)  # [B, T'] old positions
   gather = lambda x: take_rows(x, kept)
   new_index = jnp.zeros((b, t), jnp.int32).at[rows, kept].set(jnp.arange(keep))
-  return {'input_ids': gather(batch['input_ids']), 'segment_ids': gather(batch['segment_ids']),
-          'attention_mask': gather(batch['attention_mask']), 'positions': kept,
-          'masked_positions': take_rows(new_index, batch['masked_positions'])}
+  out = {'input_ids': gather(batch['input_ids']), 'segment_ids': gather(batch['segment_ids']),
+         'attention_mask': gather(batch['attention_mask']), 'positions': kept,
+         'masked_positions': take_rows(new_index, batch['masked_positions'])}
+  if 'document_ids' in batch:
+    out['document_ids'] = gather(batch['document_ids'])
+  return out
+
+
+def document_positions(document_ids: Array) -> Array:
+  """[B, T] document ids -> [B, T] positions counted from each document's first token.
+
+  A document starts where the id changes (the row's first token starts one).
+  """
+  index = jnp.arange(document_ids.shape[1])[None]
+  starts = jnp.concatenate([jnp.ones_like(document_ids[:, :1], bool),
+                            document_ids[:, 1:] != document_ids[:, :-1]], axis=1)
+  return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
 
 
 class BertForMLM(nn.Module):
@@ -158,18 +179,23 @@ class BertForMLM(nn.Module):
   def pretrain(self, batch: dict[str, Array], deterministic: bool = True) -> dict[str, Array]:
     """{'mlm_logits': [B, P, V]} (+ 'sentence_pair_logits': [B, 2] with that head)."""
     inputs = {k: batch[k] for k in ('input_ids', 'segment_ids', 'attention_mask',
-                                    'masked_positions')}
-    positions = None
+                                    'masked_positions', 'document_ids') if k in batch}
+    inputs['positions'] = self._positions(batch)
+    row_positions = None
     if self.cfg.drop_token_rate > 0 and not deterministic and 'masked_weights' in batch:
-      inputs = drop_tokens(batch, self.cfg.drop_token_rate, self.make_rng('dropout'))
-      positions = inputs['positions']
+      kept = drop_tokens(batch, self.cfg.drop_token_rate, self.make_rng('dropout'))
+      row_positions = kept['positions']
+      kept['positions'] = (row_positions if inputs['positions'] is None
+                           else take_rows(inputs['positions'], row_positions))
+      inputs = kept
     # The encoder's output is needed at the masked slots only (and at [CLS],
     # row 0, for the sentence-pair head): its last block computes those rows.
     rows = inputs['masked_positions']
     if self.cfg.sentence_pair_head:
       rows = jnp.concatenate([jnp.zeros_like(rows[:, :1]), rows], axis=1)
     sequence = self.encoder(inputs['input_ids'], inputs['segment_ids'], inputs['attention_mask'],
-                            deterministic, positions=positions, output_rows=rows)
+                            deterministic, positions=inputs['positions'], output_rows=rows,
+                            row_positions=row_positions, document_ids=self._documents(inputs))
     if not self.cfg.sentence_pair_head:
       return {'mlm_logits': self.mlm_logits(sequence)}
     return {'mlm_logits': self.mlm_logits(sequence[:, 1:]),
@@ -178,7 +204,21 @@ class BertForMLM(nn.Module):
   def all_layers(self, batch: dict[str, Array], deterministic: bool = True) -> Array:
     """[L + 1, B, T, d]: the embeddings' output, then each block's."""
     return self.encoder(batch['input_ids'], batch['segment_ids'], batch['attention_mask'],
-                        deterministic, return_all_layers=True)
+                        deterministic, return_all_layers=True, positions=self._positions(batch),
+                        document_ids=self._documents(batch))
+
+  def _documents(self, batch: dict[str, Array]) -> Array | None:
+    """The batch's document_ids [B, T] when attention keeps documents apart, else None.
+
+    A batch without them (fine-tuning rows, a single text) is one document per row.
+    """
+    return batch.get('document_ids') if self.cfg.document_mask else None
+
+  def _positions(self, batch: dict[str, Array]) -> Array | None:
+    """[B, T] positions restarted at each document, or None (0..T-1 in every row)."""
+    if not self.cfg.restart_positions or 'document_ids' not in batch:
+      return None
+    return document_positions(batch['document_ids'])
 
   def mlm_logits(self, sequence: Array, masked_positions: Array | None = None) -> Array:
     """sequence [B, T, d], masked_positions [B, P] -> logits [B, P, V] (tied embedding).

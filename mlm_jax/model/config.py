@@ -20,12 +20,17 @@ from mlm_jax.runtime import platform_ops
 Array = jax.Array
 
 DTYPES = ('auto', 'float32', 'bfloat16')       # 'auto': float32 on CPU, bfloat16 elsewhere.
-# Attention kernels: 'xla' is ours (layers.softmax_attention, the only one with
-# dropout on the probabilities); 'dot_product' is jax.nn.dot_product_attention's
-# XLA path; 'cudnn' its fused kernel (NVIDIA GPUs, 16-bit). 'auto': resolve_attention.
-ATTENTIONS = ('auto', 'xla', 'dot_product', 'cudnn')
+# Attention kernels (model/attention.py): 'xla' ours over a dense mask;
+# 'dot_product' jax.nn.dot_product_attention's XLA path; 'cudnn' its fused
+# kernel (NVIDIA GPUs, 16-bit); 'splash' Pallas splash attention (TPUs);
+# 'blocked' XLA in O(T·window) memory and time for local layers (in query
+# chunks for the others). 'auto': the fastest for the platform
+# (attention.requested).
+ATTENTIONS = ('auto', 'xla', 'dot_product', 'cudnn', 'splash', 'blocked')
 # The kernels without dropout on the attention probabilities.
-NO_DROPOUT_ATTENTIONS = ('dot_product', 'cudnn')
+NO_DROPOUT_ATTENTIONS = ('dot_product', 'cudnn', 'splash')
+# The kernels that exist on one platform only.
+PLATFORM_ATTENTIONS = {'cudnn': 'gpu', 'splash': 'tpu'}
 REMATS = ('none', 'dots', 'full')              # What a block keeps for the backward pass.
 # Encoders: 'bert' the post-LN BERT of bert.py (BertForMaskedLM); 'roberta' the
 # same encoder in RoBERTa's Hugging Face layout (RobertaForMaskedLM: one token
@@ -53,7 +58,7 @@ class ModelConfig:
   attention_dropout_rate: float
   initializer_range: float
   layer_norm_eps: float
-  attention: str             # ATTENTIONS; 'auto' is resolved by resolve_attention.
+  attention: str             # ATTENTIONS; attention.choose picks per call.
   scan_layers: bool          # One nn.scan over the blocks (params stacked).
   remat: str                 # REMATS: what a block keeps for the backward pass.
   drop_token_rate: float     # Training only: unmasked tokens dropped from the input.
@@ -63,16 +68,26 @@ class ModelConfig:
   local_attention: int       # A local layer's window: local_attention // 2 tokens each side.
   global_rope_theta: float   # Rotary base of the global layers.
   local_rope_theta: float    # Rotary base of the local layers.
+  # Packed documents (the batch's document_ids): attention stays within each
+  # document; positions restart at each document's first token. False in
+  # records made before these fields existed.
+  document_mask: bool = False
+  restart_positions: bool = False
   # Set by the trainer, not config.model.
   dtype: Any = jnp.float32   # Compute dtype; parameters are always float32.
   sentence_pair_head: bool = False  # Pooler + 2-way classifier on [CLS] (NSP/SOP).
   # Where activations keep their batch axis (the trainer's batch sharding, see
   # sharding.batch_sharding); None: no constraint (a model used on one device).
   batch_sharding: Any = None
-  # The platform the step is compiled for ('cpu', 'gpu', 'tpu'; '': JAX's
-  # default backend here), which picks `ops`. Not part of shape_record: the
-  # parameters are the same on every platform.
+  # The platform the step is compiled for ('cpu', 'gpu', 'tpu'; '' becomes
+  # JAX's default backend here when the config is made), which picks `ops`
+  # and the attention kernels. Not part of shape_record: the parameters are
+  # the same on every platform.
   platform: str = ''
+
+  def __post_init__(self):
+    if not self.platform:
+      object.__setattr__(self, 'platform', jax.default_backend())
 
   @property
   def ops(self) -> platform_ops.Ops:
@@ -99,41 +114,11 @@ class ModelConfig:
     fields = {f.name for f in dataclasses.fields(cls)} - {
         'vocab_size', 'padded_vocab_size', 'dtype', 'sentence_pair_head', 'batch_sharding',
         'platform'}
-    given = {k: model[k] for k in fields if k not in overrides}
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    given = {k: model.get(k, defaults[k]) if k in ('document_mask', 'restart_positions')
+             else model[k] for k in fields if k not in overrides}
     return cls(vocab_size=vocab_size, padded_vocab_size=padded_vocab_size, dtype=dtype,
                **given, **overrides)
-
-
-def resolve_attention(attention: str, platform: str, dtype: Any,
-                      attention_dropout_rate: float = 0.0) -> str:
-  """config.model.attention for a platform: 'xla', 'dot_product' or 'cudnn'.
-
-  'auto' picks the fastest kernel that can train the config (docs/training.md):
-  with attention dropout only ours ('xla') can; without it, cuDNN's fused
-  (flash) kernel on NVIDIA GPUs in 16-bit, jax.nn.dot_product_attention on TPUs
-  (fewer cycles than ours in the TPU compiler's estimate, docs/preflight.md),
-  and ours on CPUs (the faster one there, docs/benchmarks.md). A change of
-  choice must keep what the config trains: never a kernel without dropout
-  when attention_dropout_rate > 0.
-  """
-  if attention != 'auto':
-    return attention
-  if attention_dropout_rate > 0:
-    return 'xla'
-  if platform == 'gpu' and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
-    return 'cudnn'
-  return 'dot_product' if platform == 'tpu' else 'xla'
-
-
-def describe_attention(cfg: 'ModelConfig') -> str:
-  """What the train step's attention compiles to, and why (for the run's log)."""
-  kernel = {'xla': 'XLA, our formulation (layers.softmax_attention)',
-            'dot_product': "XLA, jax.nn.dot_product_attention(implementation='xla')",
-            'cudnn': "cuDNN's fused flash attention"}[cfg.attention]
-  if cfg.attention == 'xla' and cfg.attention_dropout_rate > 0:
-    kernel += (f'; attention dropout {cfg.attention_dropout_rate} keeps it there: the fused '
-               'and library kernels have no dropout on the probabilities')
-  return kernel
 
 
 def compute_dtype(name: str, platform: str | None = None):

@@ -37,6 +37,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from mlm_jax.model import attention
 from mlm_jax.model.bert import BertForMLM
 from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
@@ -48,7 +49,6 @@ from mlm_jax.model.layers import HEADS
 from mlm_jax.model.layers import KV
 from mlm_jax.model.layers import MLP
 from mlm_jax.model.layers import VOCAB
-from mlm_jax.model.layers import attend
 from mlm_jax.model.layers import dense_init
 from mlm_jax.model.layers import layer_norm
 from mlm_jax.model.layers import take_rows
@@ -58,7 +58,7 @@ Rotary = tuple[Array, Array]  # cos, sin: [B or 1, T, 1, H], float32.
 
 def is_global(cfg: ModelConfig, layer: int) -> bool:
   """Whether block `layer` attends to the whole row (else to a local window)."""
-  return layer % cfg.global_attn_every_n_layers == 0
+  return not attention.is_local(cfg, layer)
 
 
 def out_std(cfg: ModelConfig) -> float:
@@ -109,9 +109,9 @@ class ModernAttention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, rotary: Rotary, deterministic: bool,
+  def __call__(self, x: Array, mask: attention.Mask, rotary: Rotary, deterministic: bool,
                rows: Array | None = None) -> Array:
-    """x [B, T, d], mask [B, T] or [B, T, T] (see layers.attend) -> [B, T, d].
+    """x [B, T, d], mask: what each token may see (attention.Mask) -> [B, T, d].
 
     With rows [B, Q]: only those rows' queries (attending to all T keys), [B, Q, d].
     """
@@ -128,8 +128,8 @@ class ModernAttention(nn.Module):
     if rows is not None:
       q = cfg.batch_split(take_rows(q, rows))                              # [B, Q, N, H]
       q_rotary = tuple(take_rows(jnp.asarray(table), rows) for table in rotary)
-      mask = mask if mask.ndim == 2 else take_rows(mask, rows)             # [B, Q, T]
-    out = attend(cfg, apply_rotary(q, q_rotary), apply_rotary(k, rotary), v, mask, deterministic)
+    out = attention.attend(cfg, apply_rotary(q, q_rotary), apply_rotary(k, rotary), v, mask,
+                           deterministic, rows)
     out = cfg.ops.dense_general(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
                                 kernel_init=dense_init(cfg, (HEADS, KV, EMBED), out_std(cfg)),
                                 name='out')(out)
@@ -159,7 +159,7 @@ class ModernBlock(nn.Module):
   first: bool  # Layer 0: its input is the embeddings' LayerNorm already.
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, rotary: Rotary, deterministic: bool,
+  def __call__(self, x: Array, mask: attention.Mask, rotary: Rotary, deterministic: bool,
                rows: Array | None = None) -> Array:
     """x [B, T, d] -> [B, T, d]; with rows [B, Q] only those rows' outputs, [B, Q, d]
     (their queries attend to all T tokens; the rest of the block runs on Q rows)."""
@@ -174,27 +174,19 @@ class ModernBlock(nn.Module):
     return cfg.batch_split(x + GeGLU(cfg, name='mlp')(h, deterministic))
 
 
-def attention_masks(key_mask: Array, positions: Array, window: int) -> tuple[Array, Array]:
-  """key_mask [B, T] bool, positions [B or 1, T] -> (global [B, T], local [B, T, T]) masks.
-
-  A local query sees the real keys at most `window` positions away (in the
-  original row: DropToken keeps positions), as Hugging Face's bidirectional
-  sliding window |i - j| <= local_attention // 2.
-  """
-  near = jnp.abs(positions[:, :, None] - positions[:, None, :]) <= window  # [B, T, T]
-  return key_mask, key_mask[:, None, :] & near
-
-
 class ModernEncoder(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, input_ids: Array, segment_ids: Array, attention_mask: Array,
                deterministic: bool = True, return_all_layers: bool = False,
-               positions: Array | None = None, output_rows: Array | None = None) -> Array:
+               positions: Array | None = None, output_rows: Array | None = None,
+               row_positions: Array | None = None, document_ids: Array | None = None) -> Array:
     """[B, T] ids -> contextual embeddings [B, T, d] (after the final LayerNorm).
 
-    Same arguments as bert.Encoder; segment_ids are not used (ModernBERT has
+    Same arguments as bert.Encoder; `positions` are the rotary positions,
+    `row_positions` the ones a local window measures distances in (DropToken's
+    kept tokens; None: 0..T-1). segment_ids are not used (ModernBERT has
     no segment table). With return_all_layers: [L + 1, B, T, d], the final
     LayerNorm of the embeddings' output and of every block's output, the last
     being the usual output: a pre-LN model's head reads normalised states.
@@ -206,7 +198,8 @@ class ModernEncoder(nn.Module):
       raise ValueError("scan_layers is not supported by variant 'modern' (see config.py).")
     x = ModernEmbeddings(cfg, name='embeddings')(input_ids, deterministic)
     positions = np.arange(input_ids.shape[1])[None] if positions is None else positions
-    masks = attention_masks(attention_mask.astype(bool), positions, cfg.local_attention // 2)
+    masks = [attention.Mask(attention_mask.astype(bool), row_positions, document_ids, window)
+             for window in (None, cfg.local_attention // 2)]
     head_dim = cfg.hidden_size // cfg.num_heads
     rotary = (rotary_tables(positions, head_dim, cfg.global_rope_theta),
               rotary_tables(positions, head_dim, cfg.local_rope_theta))

@@ -79,13 +79,20 @@ _HF_HEAD_NOTE = {
 SYNTHETIC_SPECIALS = sp_tokenizer.SPECIALS
 
 
+# Mean document length of synthetic packed rows (with config.model.document_mask).
+SYNTHETIC_DOCUMENT = 512
+
+
 def synthetic_batches(config: ml_collections.ConfigDict,
                       num_batches: int) -> list[dict[str, np.ndarray]]:
   """`num_batches` masked global batches of full rows: input_ids [B, T], masked_* [B, P]...
 
   Token ids are drawn uniformly from the ids of [0, vocab) that are not
   SYNTHETIC_SPECIALS'; random replacements are uniform too (no corpus, hence
-  no unigram counts), and every piece is a word (whole-word masking).
+  no unigram counts), and every piece is a word (whole-word masking). With
+  config.model.document_mask the rows are packed documents: a [SEP] closes
+  one about every SYNTHETIC_DOCUMENT tokens (at random), so the document
+  mask has documents to keep apart.
   """
   vocab, b, t = config.tokenizer.vocab_size, config.train.batch_size, config.data.seq_len
   specials = SYNTHETIC_SPECIALS
@@ -98,6 +105,8 @@ def synthetic_batches(config: ml_collections.ConfigDict,
   batches = []
   for i in range(num_batches):
     ids = rng.choice(normal, (b, t))
+    if config.model.document_mask:
+      ids[rng.random((b, t)) < 1 / SYNTHETIC_DOCUMENT] = specials.sep
     ids[:, 0], ids[:, -1] = specials.cls, specials.sep
     batches.append(masker(ids, seed=config.seed, step=i, rows=np.arange(i * b, (i + 1) * b)))
   return batches
@@ -117,7 +126,7 @@ class _JaxRunner:
     vocab_size = config_lib.model_vocab_size(config, config.tokenizer.vocab_size)
     built = build_lib.build(config, vocab_size, mesh)
     self.model_cfg, self._state, step = built.model_cfg, built.init_state(), built.train_step
-    self.chains = built.chains
+    self.chains, self.attention = built.chains, built.attention
     self._rng = jax.device_put(built.dropout_rng, sharding.replicated(mesh))
     self._batches = [sharding.to_global(b, mesh) for b in host_batches]
     start = time.perf_counter()
@@ -295,6 +304,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
       'host': host_lib.describe(accelerator=None if backend == 'cpu' else device_kind),
       'machine': _machine(backend, device_kind, compare),
       'shape': _shape(config, model_cfg) | {'concurrent_chains': ours.chains},
+      'attention': ours.attention,
       'timing': {'warmup': warmup, 'steps': steps, 'repeats': repeats, 'num_batches': num_batches},
       'tokens_per_step': tokens_per_step,
       'flops_per_token': flops_per_token,
@@ -404,6 +414,7 @@ def format_report(result: dict[str, Any]) -> str:
       f'V={s["padded_vocab_size"]} ({s["vocab_size"]} real) B={s["batch_size"]} {s["dtype"]} '
       f'dropout={s["dropout_rate"]}/{s["attention_dropout_rate"]} '
       f'chains={s.get("concurrent_chains", 1)}',
+      f'attention: {result.get("attention", "")}',
       f'{m["jax_backend"]}: {m["num_devices"]} x {m["device_kind"]}; '
       f'host malloc {m.get("host_malloc", "default")}'
       + (' (all systems: one process)' if peers else ''),

@@ -35,6 +35,8 @@ _ARRAY = re.compile(r'\b(' + '|'.join(sorted(_DTYPE_BYTES, key=len, reverse=True
 _CALLED = re.compile(r'\b(?:calls|to_apply|body|condition)=%([\w.\-]+)')
 COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'collective-permute')
 _CUDNN_ATTENTION = '__cudnn$fmha'
+# Pallas's splash kernels keep their kernel's name: splash_mha_fwd..., _dq..., _dkv...
+_SPLASH_KERNEL = re.compile(r'splash_m[hq]a_(fwd|dq|dkv)')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +105,49 @@ def _split_instruction(line: str) -> Instruction | None:
   return Instruction(name, shape, opcode, operands, rest[end + 1:], literal)
 
 
+def _open_braces(line: str) -> int:
+  """Braces opened and not closed on a line, outside quoted strings."""
+  depth, quoted, escaped = 0, False, False
+  for ch in line:
+    if escaped:
+      escaped = False
+    elif ch == '\\':
+      escaped = True
+    elif ch == '"':
+      quoted = not quoted
+    elif not quoted:
+      depth += (ch == '{') - (ch == '}')
+  return depth
+
+
+def _logical_lines(text: str) -> list[str]:
+  """The text's lines, an instruction whose attributes run over several lines joined into one.
+
+  Pallas kernels (splash attention on TPUs) carry a multi-line
+  kernel_metadata attribute; its continuation lines start in column 0 and
+  would otherwise read as the end of the computation.
+  """
+  out: list[str] = []
+  pending, depth = '', 0
+  for line in text.splitlines():
+    if pending:
+      pending += line
+      depth += _open_braces(line)
+      if depth <= 0:
+        out.append(pending)
+        pending = ''
+      continue
+    if line[:1].isspace() and ' = ' in line:
+      depth = _open_braces(line)
+      if depth > 0:
+        pending = line
+        continue
+    out.append(line)
+  if pending:
+    out.append(pending)
+  return out
+
+
 @dataclasses.dataclass
 class Module:
   computations: dict[str, list[Instruction]]
@@ -112,7 +157,7 @@ class Module:
   def parse(cls, text: str) -> 'Module':
     computations: dict[str, list[Instruction]] = {}
     entry, current = '', None
-    for line in text.splitlines():
+    for line in _logical_lines(text):
       if line and not line[0].isspace():
         m = re.match(r'(ENTRY\s+)?%([\w.\-]+)\s*[(]', line)
         if m and line.rstrip().endswith('{'):
@@ -289,6 +334,12 @@ def cudnn_attention_calls(module: Module) -> int:
              if ins.opcode == 'custom-call' and _CUDNN_ATTENTION in ins.attributes)
 
 
+def splash_attention_calls(module: Module) -> int:
+  """Pallas splash attention kernels run (forward, and dq and dkv in the backward pass)."""
+  return sum(times for ins, times in module.executed()
+             if ins.opcode == 'custom-call' and _SPLASH_KERNEL.match(ins.name))
+
+
 # ----------------------------------------------------------- TPU cycles
 
 
@@ -355,6 +406,7 @@ def summary(text: str) -> dict:
       'largest': largest_instructions(module),
       'collectives': by_kind,
       'cudnn_attention_calls': cudnn_attention_calls(module),
+      'splash_attention_calls': splash_attention_calls(module),
       'matmul_flops': matmul_flops(module),
   }
 

@@ -294,19 +294,65 @@ class Preflight:
       return None
     compute = cycles * self.seconds_per_cycle()
     collectives = self.collective_seconds(figures)
-    seconds = compute + collectives
+    splash = self.splash_seconds(figures)
+    seconds = compute + collectives + splash
     tokens = figures.global_batch * self.config.data.seq_len
     model_flops = self.model_flops_per_device(figures)
     return {
         'label': 'compiler estimate, not measured: the TPU compiler\'s per-operation cycle '
                  'estimates summed, plus collectives at the data-sheet link bandwidth with no '
-                 'overlap',
+                 'overlap' + (', plus splash attention (which the compiler does not estimate) '
+                              "as its computed tiles' FLOPs at the chip's peak" if splash else ''),
         'step_time_s': seconds, 'compute_s': compute, 'collectives_s': collectives,
+        'splash_s': splash,
         'tokens_per_sec': tokens / seconds,
         'mfu': model_flops / (seconds * self.target.chip.peak_flops),
         'seconds_per_cycle': self.seconds_per_cycle(),
         'compute_share_by_part': {k: v / cycles for k, v in figures.hlo['cycles_by_part'].items()},
     }
+
+  def splash_seconds(self, figures: StepFigures) -> float:
+    """A floor on the splash kernels' time: the FLOPs of the tiles they compute at peak.
+
+    Splash attention is a custom call, which carries no cycle estimate. Per
+    token and splash layer it computes 2 matmuls of 2·keys·d FLOPs forward
+    and 7 backward (the dq kernel 3, the dkv kernel 4), over whole tiles
+    (attention.splash_keys).
+    """
+    from mlm_jax.model import attention  # pylint: disable=import-outside-toplevel
+    if not figures.hlo.get('splash_attention_calls'):
+      return 0.0
+    cfg = self.built.model_cfg
+    tokens = figures.global_batch * self.config.data.seq_len / self.target.num_devices
+    passes = 9 if figures.step == 'train' else 2
+    flops = sum(passes * 2 * cfg.hidden_size * attention.splash_keys(c.q_len, c.kv_len, c.window)
+                * tokens * len(c.layers)
+                for c in self._attention_plan() if c.kernel == 'splash')
+    return flops / self.target.chip.peak_flops
+
+  def _attention_plan(self, training: bool = True) -> list:
+    from mlm_jax.model import attention  # pylint: disable=import-outside-toplevel
+    pairs = self.config.sentence_pair.task != 'none'
+    return attention.plan(self.built.model_cfg, self.config.data.seq_len,
+                          self.config.masking.max_predictions + int(pairs), training)
+
+  def attention_report(self, train: StepFigures) -> dict[str, Any]:
+    """The kernel of each kind of attention call and why; fused calls planned and compiled.
+
+    A fused kernel is a custom call in the compiled step: cuDNN's runs twice
+    per layer in a train step (forward, backward), splash attention three
+    times (forward, dq, dkv).
+    """
+    plan = self._attention_plan()
+    per_layer = {'cudnn': 2, 'splash': 3}
+    fused = {}
+    for kernel, times in per_layer.items():
+      expected = sum(times * len(c.layers) for c in plan if c.kernel == kernel)
+      compiled = train.hlo.get(f'{kernel}_attention_calls', 0)
+      if expected or compiled:
+        fused[kernel] = {'expected': expected, 'compiled': compiled}
+    return {'plan': [{'what': c.what, 'kernel': c.kernel, 'why': c.why} for c in plan],
+            'fused_calls': fused}
 
   def model_flops_per_device(self, figures: StepFigures) -> float:
     """flops.py's training FLOPs of one step, per device."""
@@ -333,6 +379,9 @@ class Preflight:
     if figures.flops_source.startswith('XLA'):
       reasons.append("XLA's count includes elementwise and reduction FLOPs (softmax, GELU, "
                      'LayerNorm, the optimizer update) that flops.py leaves out')
+      if figures.hlo.get('splash_attention_calls'):
+        reasons.append("it leaves out the splash attention kernels (custom calls, which XLA's "
+                       'cost analysis does not see)')
     else:
       reasons.append('the HLO count covers matrix multiplies only')
     return '; '.join(reasons)
@@ -359,6 +408,7 @@ class Preflight:
         'headroom_required': HEADROOM,
         'model': {'dtype': jnp.dtype(self.built.model_cfg.dtype).name,
                   'attention': self.built.model_cfg.attention,
+                  'document_mask': self.built.model_cfg.document_mask,
                   'num_layers': self.config.model.num_layers,
                   'hidden_size': self.config.model.hidden_size,
                   'seq_len': self.config.data.seq_len,
@@ -369,13 +419,11 @@ class Preflight:
         'estimate': self.estimate(train),
     }
     problems = []
-    if self.built.model_cfg.attention == 'cudnn':
-      expected = 2 * self.config.model.num_layers
-      calls = train.hlo.get('cudnn_attention_calls', 0)
-      report['cudnn_attention'] = {'calls': calls, 'expected': expected}
-      if calls < expected:
-        problems.append(f'asked for cuDNN attention, but the train step has {calls} fused '
-                        f'attention calls where {expected} were expected')
+    report['attention'] = self.attention_report(train)
+    for kernel, calls in report['attention']['fused_calls'].items():
+      if calls['compiled'] < calls['expected']:
+        problems.append(f"the plan gives {calls['expected']} {kernel} attention calls, but the "
+                        f"train step compiled {calls['compiled']}")
     if not train.fits:
       problems.append('the train step does not fit')
       report['suggestions'] = [{'change': what, 'overrides': self._changed(s.overrides()),
@@ -503,19 +551,26 @@ def format_report(report: dict[str, Any]) -> str:
   est = report['estimate']
   if est:
     parts = ', '.join(f'{k} {v:.0%}' for k, v in list(est['compute_share_by_part'].items())[:4])
+    splash = (f" + {est['splash_s'] * 1e3:.1f} splash attention at peak"
+              if est.get('splash_s') else '')
     lines.append(f"compiler estimate, not measured: step {est['step_time_s'] * 1e3:.1f} ms "
                  f"({est['compute_s'] * 1e3:.1f} compute + {est['collectives_s'] * 1e3:.1f} "
-                 f"collectives), {est['tokens_per_sec']:,.0f} tokens/s, MFU {est['mfu']:.1%}")
+                 f"collectives{splash}), {est['tokens_per_sec']:,.0f} tokens/s, "
+                 f"MFU {est['mfu']:.1%}")
     lines.append(f'  largest shares of compute: {parts}')
   coll = train['hlo'].get('collectives')
   if coll:
     lines.append('collectives per train step: ' + ', '.join(
         f"{v['count']} {k} ({_gib(v['bytes'])})" for k, v in coll.items()))
-  if 'cudnn_attention' in report:
-    c = report['cudnn_attention']
-    lines.append(f"cuDNN fused attention calls: {c['calls']} (expected {c['expected']})")
-  elif t['platform'] == 'gpu':
-    lines.append(f"attention: {m['attention']} (no cuDNN fused call)")
+  attention = report.get('attention')
+  if attention:
+    lines.append(f"attention (config.model.attention={m['attention']!r}, documents "
+                 f"{'apart' if m.get('document_mask') else 'not kept apart'}):")
+    for c in attention['plan']:
+      lines.append(f"  {c['what']}: {c['kernel']}" + (f" ({c['why']})" if c['why'] else ''))
+    for kernel, calls in attention['fused_calls'].items():
+      lines.append(f"  {kernel} calls in the train step: {calls['compiled']} "
+                   f"(planned {calls['expected']})")
   for s in report.get('suggestions', []):
     flags_ = ' '.join(f'--config.{k}={v}' for k, v in s['overrides'].items())
     lines.append(f"{'fits' if s['fits'] else 'does not fit'}: {s['change']} "

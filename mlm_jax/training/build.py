@@ -42,6 +42,7 @@ class Built:
   eval_step: Any      # (state, batch) -> sums of objective.loss_terms.
   dropout_rng: jax.Array
   chains: int         # config.train.concurrent_chains, resolved.
+  attention: str      # The attention kernel of each kind of call in the train step, and why.
   init_state: Callable[[], state_lib.TrainState]  # A fresh state, made in its sharding.
 
 
@@ -65,10 +66,8 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
   dtype = model_lib.compute_dtype(config.model.dtype, platform)
   model_cfg = model_lib.ModelConfig.from_config(
       config.model, vocab_size, tok_lib.padded_vocab_size(vocab_size), dtype,
-      sentence_pair_head=pairs, batch_sharding=sharding.batch_sharding(mesh),
-      attention=model_lib.resolve_attention(config.model.attention, platform, dtype,
-                                            config.model.attention_dropout_rate),
-      platform=platform)
+      sentence_pair_head=pairs, batch_sharding=sharding.batch_sharding(mesh), platform=platform)
+  model_lib.check_attention_platform(model_cfg)
   model = model_lib.mlm_model(model_cfg)
   tx = optimizer.make_optimizer(config.train, platform)
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
@@ -85,4 +84,7 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
       compiler_options=platform_ops.train_compiler_options(platform, chains))
   eval_step = jax.jit(step_lib.make_eval_step(baseline_token, platform),
                       in_shardings=(state_sh, batch_sh), out_shardings=repl)
-  return Built(model_cfg, abstract_state, train_step, eval_step, dropout_rng, chains, init)
+  attention = model_lib.describe_attention(model_cfg, config.data.seq_len,
+                                           config.masking.max_predictions + int(pairs))
+  return Built(model_cfg, abstract_state, train_step, eval_step, dropout_rng, chains, attention,
+               init)

@@ -19,7 +19,6 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from mlm_jax import configuration
-from mlm_jax import model as model_lib
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
@@ -183,7 +182,7 @@ def _log_start(data: prepare.PreparedData, built: build_lib.Built, state: Any, m
                jnp.dtype(built.model_cfg.dtype).name, size['total'] / 2**20,
                size['per_device'] / 2**20, mesh.shape[sharding.DATA_AXIS],
                mesh.shape[sharding.FSDP_AXIS], built.chains)
-  logging.info('Attention: %s', model_lib.describe_attention(built.model_cfg))
+  logging.info('Attention: %s', built.attention)
 
 
 @contextlib.contextmanager

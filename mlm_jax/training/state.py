@@ -31,7 +31,7 @@ def batch_spec(batch_size: int, seq_len: int, max_predictions: int,
                sentence_pair: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
   """Shapes and dtypes of a batch as the host pipeline (masking.Masker) makes it.
 
-  input_ids, segment_ids, attention_mask [B, T] int32; masked_positions,
+  input_ids, segment_ids, attention_mask, document_ids [B, T] int32; masked_positions,
   masked_ids, masked_kinds [B, P] int32, masked_weights [B, P] float32; with a
   sentence-pair task also sentence_pair_labels [B] int32 and
   sentence_pair_weights [B] float32.
@@ -39,7 +39,8 @@ def batch_spec(batch_size: int, seq_len: int, max_predictions: int,
   b, t, p = batch_size, seq_len, max_predictions
   spec = {name: jax.ShapeDtypeStruct(shape, dtype) for name, shape, dtype in (
       ('input_ids', (b, t), jnp.int32), ('segment_ids', (b, t), jnp.int32),
-      ('attention_mask', (b, t), jnp.int32), ('masked_positions', (b, p), jnp.int32),
+      ('attention_mask', (b, t), jnp.int32), ('document_ids', (b, t), jnp.int32),
+      ('masked_positions', (b, p), jnp.int32),
       ('masked_ids', (b, p), jnp.int32), ('masked_weights', (b, p), jnp.float32),
       ('masked_kinds', (b, p), jnp.int32))}
   if sentence_pair:
@@ -53,6 +54,7 @@ def example_batch(seq_len: int, max_predictions: int, sentence_pair: bool = Fals
   spec = batch_spec(1, seq_len, max_predictions, sentence_pair)
   batch = {k: jnp.zeros(x.shape, x.dtype) for k, x in spec.items()}
   batch['attention_mask'] += 1
+  batch['document_ids'] += 1
   if sentence_pair:
     batch['sentence_pair_weights'] += 1
   return batch
