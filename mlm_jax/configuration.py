@@ -59,6 +59,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
           f"config.sentence_pair.task={config.sentence_pair.task!r} gives the second segment "
           f'token type 1, but the model has config.model.type_vocab_size={model.type_vocab_size} '
           "(RoBERTa's checkpoints have one): use sentence_pair.task='none'.")
+  require(not corpus.uses_token_ids(d) or bool(config.tokenizer.model_file or config.init.hf_dir
+                                                or config.init.workdir),
+          'config.data.ids_key reads token ids made with a tokenizer that must be given: set '
+          'config.tokenizer.model_file to it (or config.init.hf_dir to the checkpoint it came '
+          'with).')
   _check_mesh(config, num_devices)
   if check_paths:
     _check_init(config)
