@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from etils.epath import backend
 from fsspec.implementations import dirfs
 from fsspec.implementations import local
 
@@ -184,21 +185,50 @@ class _Bucket(dirfs.DirFileSystem):
     return super()._join(self._strip_protocol(path) if isinstance(path, str) else path)
 
 
-def test_a_bucket_url_reads_through_the_one_opener(tmp_path, monkeypatch):
-  (tmp_path / 'bucket' / 'corpus').mkdir(parents=True)
-  _write_jsonl(tmp_path / 'bucket' / 'corpus' / 'a.jsonl', DOCS[:20])
-  pq.write_table(pa.table({'text': DOCS[20:40]}), tmp_path / 'bucket' / 'corpus' / 'b.parquet',
-                 row_group_size=7)
+@pytest.fixture
+def bucket(tmp_path, monkeypatch):
+  """gs://bucket/... served from tmp_path/bucket/ for the test."""
+  (tmp_path / 'bucket').mkdir()
   monkeypatch.setattr(_Bucket, 'root', str(tmp_path))
   for protocol in _Bucket.protocol:
     fsspec.register_implementation(protocol, _Bucket, clobber=True)
-  try:
-    from etils.epath import backend
-    backend.fsspec_backend._get_filesystem.cache_clear()
-    assert _documents('gs://bucket/corpus/*') == DOCS[:40]
-    assert _documents('gs://bucket/corpus/b.parquet') == DOCS[20:40]
-    c = corpus.resolve(_config('gs://bucket/corpus', tmp_path / 'x').data)
-    assert c.description['files'] == 2
-    assert c.units[0].files[0].startswith('gs://bucket/corpus/')
-  finally:
-    backend.fsspec_backend._get_filesystem.cache_clear()
+  _Bucket.clear_instance_cache()
+  backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
+  yield tmp_path / 'bucket'
+  _Bucket.clear_instance_cache()
+  backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
+
+
+def test_a_bucket_url_reads_through_the_one_opener(bucket, tmp_path):
+  (bucket / 'corpus').mkdir()
+  _write_jsonl(bucket / 'corpus' / 'a.jsonl', DOCS[:20])
+  pq.write_table(pa.table({'text': DOCS[20:40]}), bucket / 'corpus' / 'b.parquet',
+                 row_group_size=7)
+  assert _documents('gs://bucket/corpus/*') == DOCS[:40]
+  assert _documents('gs://bucket/corpus/b.parquet') == DOCS[20:40]
+  c = corpus.resolve(_config('gs://bucket/corpus', tmp_path / 'x').data)
+  assert c.description['files'] == 2
+  assert c.units[0].files[0].startswith('gs://bucket/corpus/')
+
+
+@pytest.mark.slow
+def test_a_data_dir_at_a_bucket_url_is_prepared_once_and_read_from_a_local_copy(
+    bucket, tmp_path, monkeypatch):
+  pq.write_table(pa.table({'text': DOCS}), bucket / 'a.parquet', row_group_size=50)
+  monkeypatch.setenv('MLM_JAX_CACHE', str(tmp_path / 'cache'))
+  config = _config('gs://bucket/a.parquet', 'gs://bucket/data')
+  first = prepare.prepare(config)
+  assert (bucket / 'data' / 'fingerprint.json').exists()
+  local = prepare.prepare(_config(str(bucket / 'a.parquet'), tmp_path / 'plain'))
+  assert sorted(os.listdir(bucket / 'data')) == sorted(os.listdir(local.data_dir))
+  # Another machine (an empty cache) reads it from the URL: copied down, not prepared again.
+  monkeypatch.setenv('MLM_JAX_CACHE', str(tmp_path / 'cache2'))
+  again = prepare.prepare(config)
+  assert again.data_dir.startswith(str(tmp_path / 'cache2'))
+  for data in (again, first):
+    np.testing.assert_array_equal(data.source('train').read(np.arange(20)),
+                                  local.source('train').read(np.arange(20)))
+  other = _config('gs://bucket/a.parquet', 'gs://bucket/data')
+  other.tokenizer.vocab_size = 700
+  with pytest.raises(prepare.DataDirError, match='other settings'):
+    prepare.prepare(other)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import glob as glob_lib
 import os
 import re
+import shutil
+from collections.abc import Sequence
 from typing import IO
 
 # A URL scheme epath reads (gs://, s3://, ...); anything else is a local path.
@@ -99,6 +101,27 @@ def identity(path: str) -> list:
 def open_binary(path: str) -> IO[bytes]:
   """A file opened for reading bytes (seekable, for byte ranges and parquet footers)."""
   return _epath(path).open('rb') if is_url(path) else open(path, 'rb')
+
+
+def open_write(path: str) -> IO[bytes]:
+  """A file opened for writing bytes, its folders made first (a no-op in a bucket)."""
+  if is_url(path):
+    target = _epath(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target.open('wb')
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  return open(path, 'wb')
+
+
+def copy_tree(src: str, dst: str, last: Sequence[str] = ()) -> None:
+  """Every file under `src` to the same place under `dst` (either may be a URL); the files
+  named in `last` (relative paths) are copied after all others, so that their presence
+  marks a complete copy."""
+  files = walk_files(src)
+  rel = {f: f[len(src.rstrip('/')) + 1:] for f in files}
+  for f in sorted(files, key=lambda f: rel[f] in last):
+    with open_binary(f) as reader, open_write(join(dst, *rel[f].split(os.sep))) as writer:
+      shutil.copyfileobj(reader, writer, 1 << 24)
 
 
 def read_text(path: str) -> str:

@@ -68,6 +68,7 @@ from mlm_jax.data import line_sample
 from mlm_jax.data import mixture
 from mlm_jax.data import packed_rows
 from mlm_jax.data import packing
+from mlm_jax.data import paths
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.runtime import cores
@@ -236,7 +237,7 @@ def resolve_data_dir(config: ml_collections.ConfigDict,
                      corpus: corpus_lib.Corpus | None = None) -> tuple[str, dict]:
   fp = fingerprint(config.data, config.tokenizer, corpus)
   data_dir = config.data.data_dir or default_data_dir(fp)
-  return os.path.abspath(os.path.expanduser(data_dir)), fp
+  return paths.absolute(data_dir), fp
 
 
 def _stored_tokenizer(directory: str) -> str | None:
@@ -279,10 +280,9 @@ def load(data_dir: str) -> PreparedData:
 
 def is_prepared(data_dir: str, fp: dict) -> bool:
   """True if data_dir holds data made from `fp`; raises if it holds other data."""
-  fp_path = os.path.join(data_dir, 'fingerprint.json')
-  if os.path.exists(fp_path):
-    with open(fp_path) as f:
-      found = json.load(f)
+  fp_path = paths.join(data_dir, 'fingerprint.json')
+  if paths.exists(fp_path):
+    found = json.loads(paths.read_text(fp_path))
     if found == json.loads(json.dumps(fp)):
       return True
     diff = sorted(k for k in set(fp) | set(found) if fp.get(k) != found.get(k))
@@ -290,7 +290,7 @@ def is_prepared(data_dir: str, fp: dict) -> bool:
         f'{data_dir} holds data prepared from other settings (differs in: '
         f'{", ".join(diff)}). Set config.data.data_dir to a new directory, '
         'or leave it empty to use a cache directory keyed by the settings.')
-  if os.path.isdir(data_dir) and os.listdir(data_dir):
+  if paths.isdir(data_dir) and paths.walk_files(data_dir):
     raise DataDirError(
         f'{data_dir} is not empty and is not an mlm_jax data dir '
         '(no fingerprint.json). Set config.data.data_dir to a new or empty directory.')
@@ -310,6 +310,9 @@ def prepare(config: ml_collections.ConfigDict,
   corpus = corpus_lib.resolve(config.data)
   data_dir, fp = resolve_data_dir(config, corpus)
   names = tuple(m.name for m in mixture.members(config.data))
+  if paths.is_url(data_dir):
+    return dataclasses.replace(_prepare_remote(data_dir, fp, config, beam_options),
+                               part_names=names)
   if is_prepared(data_dir, fp):
     return dataclasses.replace(load(data_dir), part_names=names)
   partial = data_dir + '.partial'
@@ -329,6 +332,42 @@ def prepare(config: ml_collections.ConfigDict,
   os.rename(partial, data_dir)
   print(format_report(report, data_dir, names), flush=True)
   return dataclasses.replace(load(data_dir), part_names=names)
+
+
+def _prepare_remote(url: str, fp: dict, config: ml_collections.ConfigDict,
+                    beam_options: list[str] | None) -> PreparedData:
+  """A data dir at a bucket URL, through a local copy (training memory-maps its rows).
+
+  Prepared there already: copied into the cache once, then read from the
+  copy. Not yet: prepared into the cache as a local data dir would be, then
+  copied up, fingerprint.json last, so that the URL never looks finished
+  before it is.
+  """
+  root = os.environ.get('MLM_JAX_CACHE', os.path.join(os.path.expanduser('~'), '.cache', 'mlm_jax'))
+  local = os.path.join(root, 'remote', hashlib.sha256(url.encode()).hexdigest()[:16])
+  local_config = config.copy_and_resolve_references()
+  local_config.data.data_dir = local
+  if is_prepared(url, fp):
+    if not _holds(local, fp):
+      shutil.rmtree(local, ignore_errors=True)  # A copy of other data, or an unfinished one.
+      logging.info('Copying the data dir %s into %s', url, local)
+      paths.copy_tree(url, f'{local}.copy-{os.getpid()}', last=['fingerprint.json'])
+      os.replace(f'{local}.copy-{os.getpid()}', local)
+    return load(local)
+  if os.path.isdir(local) and not _holds(local, fp):
+    shutil.rmtree(local)  # A copy of data the URL no longer holds.
+  data = prepare(local_config, beam_options)
+  logging.info('Copying the data dir %s up to %s', local, url)
+  paths.copy_tree(local, url, last=['fingerprint.json'])
+  return data
+
+
+def _holds(data_dir: str, fp: dict) -> bool:
+  """Whether `data_dir` holds data made from `fp` (False for anything else there)."""
+  try:
+    return is_prepared(data_dir, fp)
+  except DataDirError:
+    return False
 
 
 def _open_partial(partial: str, fp: dict) -> None:
