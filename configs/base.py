@@ -28,8 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
   # directory, or the feature of a tfds record, that holds the document text.
   config.data.text_key = 'text'
   # Pre-tokenized input: the column of a parquet file or datasets directory
-  # (or the feature of a tfds record) that holds a document's token ids, made
-  # with the tokenizer config.tokenizer.model_file names. Empty: read text.
+  # that holds a document's token ids, made with the tokenizer
+  # config.tokenizer.model_file names. Empty: read text.
   config.data.ids_key = ''
   # A weighted mixture of corpora instead of config.data.corpus: a tuple of
   # dicts, each with a corpus (or tfds_name, and any of text_key, ids_key,

@@ -29,7 +29,7 @@ DOCS = [re.sub(r'\n\s*\n', '\n', d) for d, _ in zip(corpus.stdlib_docstrings(), 
 
 
 def test_rows_are_drawn_in_the_weights_ratio_by_position_alone():
-  mix = mixture.Mixture([0.8, 0.2], [50, 30], seed=3)
+  mix = mixture.Mixture([0.8, 0.2], [500, 300], seed=3)
   batch, steps = 16, 500
   member, drawn = mix.draw(np.arange(batch * steps))
   per_step = np.bincount(np.repeat(np.arange(steps), batch), weights=member == 1,
@@ -48,9 +48,9 @@ def test_rows_are_drawn_in_the_weights_ratio_by_position_alone():
   np.testing.assert_array_equal(mix(positions, shuffle=pipeline.stream_to_source),
                                 flat[positions])
   # Each epoch of a member is a permutation of its rows (flat indices offset per member).
-  first_epoch = flat[member == 1][:30]
-  assert sorted(first_epoch) == list(range(50, 80))
-  assert not np.array_equal(mixture.Mixture([0.8, 0.2], [50, 30], seed=4).draw(
+  first_epoch = flat[member == 1][:300]
+  assert sorted(first_epoch) == list(range(500, 800))
+  assert not np.array_equal(mixture.Mixture([0.8, 0.2], [500, 300], seed=4).draw(
       np.arange(100))[0], member[:100])                    # The seed moves the pattern.
 
 

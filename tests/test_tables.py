@@ -2,7 +2,6 @@
 
 import json
 import os
-import re
 
 import datasets
 import fsspec
@@ -22,21 +21,10 @@ from mlm_jax.data import packing
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import tokenizer as tok_lib
-from tests.conftest import micro_config
+from tests.test_sources import DOCS
 from tests.test_sources import _assert_same_data
+from tests.test_sources import _config
 from tests.test_sources import _documents
-
-# Real prose, one paragraph each, as in test_sources.
-DOCS = [re.sub(r'\n\s*\n', '\n', d) for d, _ in zip(corpus.stdlib_docstrings(), range(400))]
-
-
-def _config(spec: str, data_dir, workers: int = 1, **data):
-  config = micro_config(spec, str(data_dir))
-  config.data.num_workers = workers
-  for k, v in data.items():
-    config.data[k] = v
-  return config
-
 
 def _write_jsonl(path, docs):
   path.write_text(''.join(json.dumps({'text': d}) + '\n' for d in docs))
@@ -86,6 +74,12 @@ def test_a_missing_or_wrong_column_is_one_line_listing_the_columns(tmp_path):
   config.data.ids_key = 'ids'
   with pytest.raises(config_lib.ConfigError, match='tokenizer.model_file'):
     config_lib.validate(config)
+  config.tokenizer.model_file = 'tokenizer.json'
+  for corpus_spec, tfds_name in (('', ''), ('', 'wikipedia')):
+    config.data.corpus, config.data.tfds_name = corpus_spec, tfds_name
+    with pytest.raises(config_lib.ConfigError, match=r"ids_key='ids' reads token ids from "
+                                                     r'parquet files or datasets directories'):
+      config_lib.validate(config, check_paths=True)
   # A DatasetDict directory: name one split.
   datasets.DatasetDict({'train': datasets.Dataset.from_dict({'text': ['a']})}).save_to_disk(
       str(tmp_path / 'dd'))

@@ -1,4 +1,8 @@
-"""Where text comes from: the embedded default corpus, the user's files or a tfds dataset.
+"""Where text comes from: the embedded default corpus, the user's files, a tfds dataset, parquet
+files and datasets directories (data/arrow_source.py), or a mixture of them (data/mixture.py).
+
+Each kind is a Source (data/sources.py); `resolve` turns config.data into a
+Corpus: its sources and their units of work in reading order.
 
 The default corpus exists on every machine with Python: the docstrings of the
 standard library (~1.6 MB of English technical prose), read with `ast` from
@@ -156,20 +160,14 @@ class FileSource(sources_lib.Source):
 class TfdsSource(sources_lib.Source):
   """A split of a tfds dataset prepared on disk (array_record): one document per record."""
 
-  def __init__(self, name: str, source: Any, text_key: str, ids_key: str = ''):
-    self.name, self.source, self.text_key, self.ids_key = name, source, text_key, ids_key
-    self.pretokenized = bool(ids_key)
+  def __init__(self, name: str, source: Any, text_key: str):
+    self.name, self.source, self.text_key = name, source, text_key
 
   def units(self) -> list[Unit]:
     n, step = len(self.source), TFDS_RECORDS_PER_UNIT
     return [Unit(start=a, stop=min(a + step, n), kind='records') for a in range(0, n, step)]
 
   def read(self, unit: Unit, tally: Tally) -> Iterator[sources_lib.Piece]:
-    if self.ids_key:
-      for i in range(unit.start, unit.stop):
-        yield True, sources_lib.Ids(np.asarray(self.source[i][self.ids_key]).ravel(),
-                                    f'{self.name} record {i}')
-      return
     yield from _tfds_pieces(self.source, unit, self.name, self.text_key, tally)
 
 
@@ -411,15 +409,13 @@ def _resolve_tfds(data: ml_collections.ConfigDict, field: str = 'config.data') -
   except tfds_source.TfdsError as e:
     raise CorpusError(str(e)) from None
   info = source.dataset_info
-  ids_key = data.get('ids_key', '')
-  key, key_field = (ids_key, 'ids_key') if ids_key else (data.text_key, 'text_key')
-  if key not in info.features.keys():
-    raise CorpusError(f'{name} has no feature {field}.{key_field}={key!r}; its '
+  if data.text_key not in info.features.keys():
+    raise CorpusError(f'{name} has no feature {field}.text_key={data.text_key!r}; its '
                       f'features are {sorted(info.features.keys())}.')
   description = {'source': 'tfds', 'name': info.full_name, 'split': data.split,
                  'data_dir': os.path.abspath(data_dir) if data_dir else '',
-                 'records': len(source), key_field: key}
-  tfds_reader = TfdsSource(name, source, data.text_key, ids_key)
+                 'records': len(source), 'text_key': data.text_key}
+  tfds_reader = TfdsSource(name, source, data.text_key)
   return Corpus(name, [tfds_reader], _units([tfds_reader]), description, Tally(),
                 split_rule='record')
 
@@ -430,6 +426,9 @@ def check(data: ml_collections.ConfigDict, field: str = 'config.data') -> None:
   A parquet file or datasets directory must hold the column named by
   text_key (or ids_key): the first one's schema is read.
   """
+  if data.get('ids_key') and not data.corpus:
+    raise CorpusError(f'{field}.ids_key={data.ids_key!r} reads token ids from parquet files or '
+                      f'datasets directories: name them in {field}.corpus.')
   if data.get('tfds_name'):
     if data.corpus:
       raise CorpusError(f'{field}.corpus and {field}.tfds_name are both set; '

@@ -15,6 +15,10 @@ and a report beside it:
   DATA_DIR/rows/               the same rows as .npy arrays, one per shard (read
                                by the input pipeline; see data/packed_rows.py)
 
+A mixture (config.data.sources) is prepared as one corpus whose units each
+belong to one source; each source's rows are stored as its own splits
+(train_K, validation_K), read by the input pipeline's mixture draw.
+
 Packing follows RoBERTa's FULL-SENTENCES: documents are concatenated with
 [SEP] between them and cut into rows of exactly T ids, so only the last row of
 each split has padding. Documents, not rows, are assigned to the validation
@@ -22,7 +26,8 @@ split, so no held-out text is seen in training.
 
 Three stages, in DATA_DIR.partial, renamed to DATA_DIR when all are done,
 each spread over `config.data.num_workers` processes by units of the corpus
-(a group of files, a byte range of a big file, a range of tfds records):
+(a group of files, a byte range of a big file, a range of tfds records, of
+parquet row groups or of Arrow record batches; data/sources.py):
   1. tokenizer: the given one (config.tokenizer.model_file, with
      config.tokenizer.add_tokens added), or one trained: one pass over the
      training documents, each unit sampling its lines by random keys; the at
