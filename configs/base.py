@@ -16,15 +16,28 @@ def get_config() -> ml_collections.ConfigDict:
   # Text source, packing and the held-out split.
   config.data = ml_collections.ConfigDict()
   # Text files: paths, directories or globs, comma separated, of .txt (plain
-  # text) and .jsonl (one JSON object per line) files, each possibly .gz.
+  # text) and .jsonl (one JSON object per line) files, each possibly .gz,
+  # .parquet files and directories written by datasets' save_to_disk; local
+  # or bucket URLs (gs://... where gcsfs is installed).
   # Empty (and no tfds_name): the embedded default corpus (docstrings of the
   # Python standard library).
   config.data.corpus = ''
   # How a text file is split into documents: 'blank_line' or 'file'.
   config.data.document_split = 'blank_line'
-  # The field of a .jsonl line, or the feature of a tfds record, that holds
-  # the document text.
+  # The field of a .jsonl line, the column of a parquet file or datasets
+  # directory, or the feature of a tfds record, that holds the document text.
   config.data.text_key = 'text'
+  # Pre-tokenized input: the column of a parquet file or datasets directory
+  # that holds a document's token ids, made with the tokenizer
+  # config.tokenizer.model_file names. Empty: read text.
+  config.data.ids_key = ''
+  # A weighted mixture of corpora instead of config.data.corpus: a tuple of
+  # dicts, each with a corpus (or tfds_name, and any of text_key, ids_key,
+  # document_split, split, tfds_data_dir), a 'weight' > 0 and optionally
+  # 'max_epochs' (a cap, 0: none) and a 'name' for the reports, e.g.
+  # ({'corpus': 'domain/*.jsonl', 'weight': 0.8}, {'corpus': 'web/*.parquet',
+  # 'weight': 0.2}). Empty: one corpus (data/mixture.py).
+  config.data.sources = ()
   # A tfds text dataset already prepared on disk in array_record format (e.g.
   # 'wikipedia/20230601.en'), read instead of config.data.corpus.
   config.data.tfds_name = ''

@@ -64,6 +64,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
             f'config.model.{field}=True with config.sentence_pair.task='
             f"{config.sentence_pair.task!r}: a sentence pair's two segments are cut from one "
             f"row and must see each other as one text; set {field}=False or task='none'.")
+  require(not corpus.uses_token_ids(d) or bool(config.tokenizer.model_file or config.init.hf_dir
+                                                or config.init.workdir),
+          'config.data.ids_key reads token ids made with a tokenizer that must be given: set '
+          'config.tokenizer.model_file to it (or config.init.hf_dir to the checkpoint it came '
+          'with).')
   _check_mesh(config, num_devices)
   if check_paths:
     _check_init(config)

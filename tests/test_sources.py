@@ -13,6 +13,8 @@ import tracemalloc
 
 import ml_collections
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import tensorflow_datasets as tfds
 
@@ -557,7 +559,8 @@ def test_apache_beam_prepares_the_same_dataset_as_local_workers(tmp_path, monkey
   monkeypatch.setattr(prepare, 'SHARD_BYTES', 4 * 32 * 40)  # several shards of rows.
   (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS))
   (tmp_path / 'b.txt').write_text('\n\n'.join(DOCS[:40]))
-  spec = str(tmp_path / '*.txt')
+  pq.write_table(pa.table({'text': DOCS[40:200]}), tmp_path / 'c.parquet', row_group_size=20)
+  spec = f'{tmp_path}/*.txt,{tmp_path}/c.parquet'        # Row groups are units too.
   local = prepare.prepare(_config(spec, tmp_path / 'local', workers=2))
   beam_options = ['--runner=DirectRunner', '--direct_num_workers=2',
                   '--direct_running_mode=multi_processing']

@@ -1,4 +1,8 @@
-"""Where text comes from: the embedded default corpus, the user's files or a tfds dataset.
+"""Where text comes from: the embedded default corpus, the user's files, a tfds dataset, parquet
+files and datasets directories (data/arrow_source.py), or a mixture of them (data/mixture.py).
+
+Each kind is a Source (data/sources.py); `resolve` turns config.data into a
+Corpus: its sources and their units of work in reading order.
 
 The default corpus exists on every machine with Python: the docstrings of the
 standard library (~1.6 MB of English technical prose), read with `ast` from
@@ -37,7 +41,6 @@ import ast
 import codecs
 import dataclasses
 import functools
-import glob
 import gzip
 import hashlib
 import io
@@ -55,7 +58,14 @@ import ml_collections
 from mlm_jax.config_check import ConfigError
 from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
+from mlm_jax.data import arrow_source
+from mlm_jax.data import mixture
+from mlm_jax.data import paths
+from mlm_jax.data import sources as sources_lib
 from mlm_jax.data import tfds_source
+from mlm_jax.data.sources import CorpusError
+from mlm_jax.data.sources import Tally
+from mlm_jax.data.sources import Unit
 
 # Standard-library folders that are tests, third-party code or tooling rather
 # than documentation.
@@ -77,101 +87,88 @@ TFDS_RECORDS_PER_UNIT = 10_000
 _SNIFF_BYTES = 8192
 
 
-class CorpusError(ValueError):
-  """The corpus options do not name any usable text."""
-
-
-class Tally:
-  """Counts of skipped and repaired input, and which inputs they were.
-
-  `counts` keys: files_used; missing, empty_glob, empty_dir (named by the
-  config but holding no file); empty, binary, no_text, read_error (files
-  skipped, or cut short by a read error); not_json, missing_key, long_record
-  (jsonl lines skipped); invalid_utf8_files, invalid_utf8_bytes, crlf_files,
-  long_documents (used after repair).
-  """
-
-  KEYS = ('files_used', 'missing', 'empty_glob', 'empty_dir', 'empty', 'binary', 'no_text',
-          'read_error', 'not_json', 'missing_key', 'long_record', 'invalid_utf8_files',
-          'invalid_utf8_bytes', 'crlf_files', 'long_documents')
-
-  def __init__(self):
-    self.counts = dict.fromkeys(self.KEYS, 0)
-    self.skipped: list[dict] = []  # {'input', 'reason', 'count'?, 'lines'?}
-    self.repaired: list[dict] = []  # {'input', 'reason', 'count'}
-    self._lines: dict[tuple[str, str], dict] = {}
-
-  def skip(self, name: str, key: str, reason: str) -> None:
-    self.counts[key] += 1
-    self.skipped.append({'input': name, 'reason': reason})
-
-  def skip_line(self, name: str, key: str, lineno: int, reason: str) -> None:
-    """A skipped jsonl line: one entry per (file, reason) with a count and line numbers."""
-    self.counts[key] += 1
-    entry = self._lines.get((name, key))
-    if entry is None:
-      entry = self._lines[name, key] = {'input': name, 'reason': reason, 'count': 0, 'lines': []}
-      self.skipped.append(entry)
-    entry['count'] += 1
-    if len(entry['lines']) < 10:
-      entry['lines'].append(lineno)
-
-  def repair(self, name: str, key: str, reason: str, count: int = 1) -> None:
-    self.counts[key] += count
-    self.repaired.append({'input': name, 'reason': reason, 'count': count})
-
-  def to_json(self) -> dict:
-    return {'counts': dict(self.counts), 'skipped': list(self.skipped),
-            'repaired': list(self.repaired)}
-
-  def add(self, other: dict) -> None:
-    """Adds a `to_json()` of another tally (e.g. of one unit of work)."""
-    for k, v in other['counts'].items():
-      self.counts[k] += v
-    self.skipped += other['skipped']
-    self.repaired += other['repaired']
-
-
-@dataclasses.dataclass(frozen=True)
-class Unit:
-  """A slice of the corpus that one worker reads: files, a byte range of one file, or records.
-
-  files with start = stop = 0: those files whole. One file with stop > 0: its
-  bytes [start, stop). A tfds corpus (no files): records [start, stop).
-  """
-  files: tuple[str, ...] = ()
-  start: int = 0
-  stop: int = 0
-
-  @property
-  def byte_range(self) -> tuple[int, int] | None:
-    return (self.start, self.stop) if self.files and self.stop else None
-
-
 @dataclasses.dataclass
 class Corpus:
-  """A resolved corpus: its units of work in reading order and how to read them."""
-  kind: str  # 'stdlib', 'files' or 'tfds'
+  """A resolved corpus: its sources, their units of work in reading order, and what it is.
+
+  A corpus of one kind has one source; `config.data.corpus` naming text files
+  and parquet files has one of each, and a mixture (`config.data.sources`)
+  the sources of all its members, `parts[i]` being the member that source i
+  belongs to.
+  """
   name: str  # For messages: the config option that named it.
-  units: list[Unit]
+  sources: list[sources_lib.Source]
+  units: list[Unit]  # Unit.source indexes `sources`.
   description: dict  # Identity for the data dir fingerprint.
   tally: Tally  # Inputs skipped while resolving (missing paths, empty globs).
-  document_split: str  # DOCUMENT_SPLITS
-  text_key: str
-  tfds_source: Any = None  # A random-access tfds source; pickles to workers.
+  # How documents are delimited, for the fingerprint: config.data.document_split for
+  # text files, 'docstring' for the default corpus, 'record' for tables and tfds.
+  split_rule: str
+  parts: list[int] = dataclasses.field(default_factory=list)  # Per source; [] for one corpus.
 
-  def pieces(self, unit: Unit, tally: Tally) -> Iterator[tuple[bool, str]]:
-    """(starts_a_document, text) for every piece of every document of `unit`, in order."""
-    if self.kind == 'stdlib':
-      for path in unit.files:
-        for doc in docstrings_of(path):
-          yield True, doc
-    elif self.kind == 'files':
-      for path in unit.files:
-        yield from _file_pieces(path, self.document_split, self.text_key, tally,
-                                unit.byte_range)
-    else:
-      yield from _tfds_pieces(self.tfds_source, unit, self.name, self.text_key, tally)
+  @property
+  def num_parts(self) -> int:
+    return max(self.parts, default=0) + 1
+
+  def part(self, unit: Unit) -> int:
+    """The mixture member a unit belongs to (0 for one corpus)."""
+    return self.parts[unit.source] if self.parts else 0
+
+  @property
+  def pretokenized(self) -> bool:
+    return any(s.pretokenized for s in self.sources)
+
+  def pieces(self, unit: Unit, tally: Tally) -> Iterator[sources_lib.Piece]:
+    """(starts_a_document, text or Ids) for every piece of every document of `unit`, in order."""
+    return self.sources[unit.source].read(unit, tally)
+
+
+class StdlibSource(sources_lib.Source):
+  """The default corpus: every docstring of the standard library's source files."""
+
+  name = 'the default corpus'
+
+  def __init__(self):
+    self.files = stdlib_files()
+
+  def units(self) -> list[Unit]:
+    # ~11 MB of source holding ~1.7 MB of docstrings: small units, so all workers get some.
+    return _group(self.files, [os.path.getsize(f) for f in self.files], UNIT_BYTES // 16)
+
+  def read(self, unit: Unit, tally: Tally) -> Iterator[sources_lib.Piece]:
+    for path in unit.files:
+      for doc in docstrings_of(path):
+        yield True, doc
+
+
+class FileSource(sources_lib.Source):
+  """Text and jsonl files, each possibly gzipped; a big uncompressed file in byte ranges."""
+
+  def __init__(self, name: str, files: list[str], document_split: str, text_key: str):
+    self.name, self.files = name, files
+    self.document_split, self.text_key = document_split, text_key
+
+  def units(self) -> list[Unit]:
+    return _group(self.files, [paths.size(f) for f in self.files], UNIT_BYTES,
+                  self.document_split)
+
+  def read(self, unit: Unit, tally: Tally) -> Iterator[sources_lib.Piece]:
+    for path in unit.files:
+      yield from _file_pieces(path, self.document_split, self.text_key, tally, unit.byte_range)
+
+
+class TfdsSource(sources_lib.Source):
+  """A split of a tfds dataset prepared on disk (array_record): one document per record."""
+
+  def __init__(self, name: str, source: Any, text_key: str):
+    self.name, self.source, self.text_key = name, source, text_key
+
+  def units(self) -> list[Unit]:
+    n, step = len(self.source), TFDS_RECORDS_PER_UNIT
+    return [Unit(start=a, stop=min(a + step, n), kind='records') for a in range(0, n, step)]
+
+  def read(self, unit: Unit, tally: Tally) -> Iterator[sources_lib.Piece]:
+    yield from _tfds_pieces(self.source, unit, self.name, self.text_key, tally)
 
 
 # ---------------------------------------------------------------- default corpus
@@ -210,21 +207,25 @@ def stdlib_docstrings() -> Iterator[str]:
 
 
 def _expand(spec: str) -> tuple[list[str], str, str]:
-  """(files, tally key, reason) for one path, directory or glob; key set iff no files."""
-  path = os.path.expanduser(spec)
+  """(files, tally key, reason) for one path, directory or glob; key set iff no files.
+
+  A directory written by `datasets.Dataset.save_to_disk` is one input, itself.
+  """
+  path = paths.expand(spec)
   if any(ch in spec for ch in '*?['):
-    files = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
-    return files, 'empty_glob', 'the glob matches no files'
-  if os.path.isfile(path):
+    return paths.glob(path), 'empty_glob', 'the glob matches no files'
+  if paths.isfile(path):
     return [path], '', ''
-  if os.path.isdir(path):
-    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
-    return files, 'empty_dir', 'the directory is empty'
+  if paths.isdir(path):
+    if arrow_source.is_dataset_dir(path):
+      return [path], '', ''
+    return paths.walk_files(path), 'empty_dir', 'the directory is empty'
   return [], 'missing', 'no such file or directory'
 
 
-def resolve_files(corpus: str) -> tuple[list[str], Tally]:
-  """The files named by comma-separated paths, directories and globs, in order.
+def resolve_files(corpus: str, field: str = 'config.data.corpus') -> tuple[list[str], Tally]:
+  """The files (and `datasets` directories) named by comma-separated paths, directories and
+  globs, in order.
 
   Names that give no file are skipped and counted; raises CorpusError if none
   gives any.
@@ -242,9 +243,9 @@ def resolve_files(corpus: str) -> tuple[list[str], Tally]:
         files.append(path)
   if not files:
     reasons = '; '.join(f'{s["input"]!r}: {s["reason"]}' for s in tally.skipped)
-    raise CorpusError(f'config.data.corpus={corpus!r} names no files ({reasons}). Give paths, '
-                      'directories or globs of .txt/.jsonl(.gz) files, or leave it empty for '
-                      'the default corpus.')
+    raise CorpusError(f'{field}={corpus!r} names no files ({reasons}). Give paths, '
+                      'directories or globs of .txt/.jsonl(.gz) or .parquet files or '
+                      'datasets directories, or leave it empty for the default corpus.')
   return files, tally
 
 
@@ -259,7 +260,8 @@ def _group(files: list[str], sizes: list[int], unit_bytes: int,
         units.append(Unit(files=tuple(current)))
         current, size = [], 0
       bounds = [0] + cuts + [n]
-      units.extend(Unit(files=(path,), start=a, stop=b) for a, b in zip(bounds, bounds[1:]))
+      units.extend(Unit(files=(path,), start=a, stop=b, kind='bytes')
+                   for a, b in zip(bounds, bounds[1:]))
       continue
     current.append(path)
     size += n
@@ -295,7 +297,7 @@ def _cuts(path: str, size: int, unit_bytes: int, document_split: str) -> list[in
     return []
   cuts: list[int] = []
   try:
-    with open(path, 'rb') as f:
+    with paths.open_binary(path) as f:
       for nominal in range(unit_bytes, size, unit_bytes):
         if cuts and cuts[-1] >= nominal:
           continue
@@ -328,66 +330,114 @@ def _boundary_end(f, boundary: re.Pattern, start: int, stop: int,
 
 
 def resolve(data: ml_collections.ConfigDict) -> Corpus:
-  """The corpus that `config.data` names, split into units of work."""
+  """The corpus that `config.data` names (one corpus, or a mixture), split into units of work."""
+  if data.get('sources'):
+    return _resolve_mixture(data)
+  return _resolve_one(data)
+
+
+def _resolve_one(data: ml_collections.ConfigDict, field: str = 'config.data') -> Corpus:
+  """The corpus of data.corpus or data.tfds_name (or the default); `field` names the section."""
+  ids_key = data.get('ids_key', '')
   if data.get('tfds_name'):
-    return _resolve_tfds(data)
+    return _resolve_tfds(data, field)
   if not data.corpus:
-    files = stdlib_files()
+    source = StdlibSource()
     description = {'source': 'python-stdlib-docstrings', 'python': sys.version.split()[0],
-                   'files': len(files), 'digest': _stat_digest(files)}
-    # ~11 MB of source holding ~1.7 MB of docstrings: small units, so all workers get some.
-    units = _group(files, [os.path.getsize(f) for f in files], UNIT_BYTES // 16)
-    return Corpus('stdlib', 'the default corpus', units, description, Tally(),
-                  document_split=data.document_split, text_key=data.text_key)
-  files, tally = resolve_files(data.corpus)
-  description = {'source': data.corpus, 'files': len(files), 'digest': _stat_digest(files)}
-  if any(_is_jsonl(f) for f in files):
+                   'files': len(source.files), 'digest': _stat_digest(source.files)}
+    return Corpus(source.name, [source], source.units(), description, Tally(),
+                  split_rule='docstring')
+  name = f'{field}.corpus={data.corpus!r}'
+  files, tally = resolve_files(data.corpus, f'{field}.corpus')
+  tables = [f for f in files if arrow_source.is_table(f)]
+  texts = [f for f in files if not arrow_source.is_table(f)]
+  if ids_key and texts:
+    raise CorpusError(f'{field}.ids_key={ids_key!r} reads token ids from parquet files or '
+                      f'datasets directories, but {name} also names the text file {texts[0]}; '
+                      'give token ids and text as separate corpora.')
+  sources: list[sources_lib.Source] = []
+  if texts:
+    sources.append(FileSource(name, texts, data.document_split, data.text_key))
+  if tables:
+    sources.append(arrow_source.TableSource(name, tables, data.text_key, ids_key, field,
+                                            UNIT_BYTES, PIECE_CHARS))
+  identities = [f for path in files for f in arrow_source.data_files(path)]
+  description = {'source': data.corpus, 'files': len(identities),
+                 'digest': _stat_digest(identities)}
+  if ids_key:
+    description['ids_key'] = ids_key
+  elif tables or any(_is_jsonl(f) for f in files):
     description['text_key'] = data.text_key
-  return Corpus('files', f'config.data.corpus={data.corpus!r}',
-                _group(files, [os.path.getsize(f) for f in files], UNIT_BYTES,
-                       data.document_split), description, tally,
-                document_split=data.document_split, text_key=data.text_key)
+  return Corpus(name, sources, _units(sources), description, tally,
+                split_rule=data.document_split if texts else 'record')
+
+
+def _units(sources: list[sources_lib.Source]) -> list[Unit]:
+  return [dataclasses.replace(u, source=i) for i, s in enumerate(sources) for u in s.units()]
+
+
+def _resolve_mixture(data: ml_collections.ConfigDict) -> Corpus:
+  """Every member of config.data.sources resolved; their sources and units one after another."""
+  sources, parts, tally, described = [], [], Tally(), []
+  for k, member in enumerate(mixture.members(data)):
+    try:
+      part = _resolve_one(member.data, f'config.data.sources[{k}]')
+    except CorpusError as e:
+      raise CorpusError(f'config.data.sources[{k}] ({member.name}): {e}') from None
+    sources += part.sources
+    parts += [k] * len(part.sources)
+    tally.add(part.tally.to_json())
+    described.append({'corpus': part.description, 'document_split': part.split_rule})
+  return Corpus('config.data.sources', sources, _units(sources), {'mixture': described}, tally,
+                split_rule='per source', parts=parts)
 
 
 def _stat_digest(files: list[str]) -> str:
   h = hashlib.sha256()
   for path in files:
-    st = os.stat(path)
-    h.update(json.dumps([os.path.abspath(path), st.st_size, st.st_mtime_ns]).encode())
+    h.update(json.dumps(paths.identity(path)).encode())
   return h.hexdigest()[:16]
 
 
-def _resolve_tfds(data: ml_collections.ConfigDict) -> Corpus:
-  name = f'config.data.tfds_name={data.tfds_name!r}'
+def _resolve_tfds(data: ml_collections.ConfigDict, field: str = 'config.data') -> Corpus:
+  name = f'{field}.tfds_name={data.tfds_name!r}'
   data_dir = os.path.expanduser(data.tfds_data_dir) if data.tfds_data_dir else None
   try:
     source = tfds_source.open_split(data.tfds_name, data.split, data_dir,
-                                    f'{name}, config.data.split={data.split!r}',
-                                    'config.data.tfds_data_dir')
+                                    f'{name}, {field}.split={data.split!r}',
+                                    f'{field}.tfds_data_dir')
   except tfds_source.TfdsError as e:
     raise CorpusError(str(e)) from None
   info = source.dataset_info
   if data.text_key not in info.features.keys():
-    raise CorpusError(f'{name} has no feature config.data.text_key={data.text_key!r}; its '
+    raise CorpusError(f'{name} has no feature {field}.text_key={data.text_key!r}; its '
                       f'features are {sorted(info.features.keys())}.')
-  n = len(source)
-  step = TFDS_RECORDS_PER_UNIT
-  units = [Unit(start=a, stop=min(a + step, n)) for a in range(0, n, step)]
   description = {'source': 'tfds', 'name': info.full_name, 'split': data.split,
                  'data_dir': os.path.abspath(data_dir) if data_dir else '',
-                 'records': n, 'text_key': data.text_key}
-  return Corpus('tfds', name, units, description, Tally(), document_split=data.document_split,
-                text_key=data.text_key, tfds_source=source)
+                 'records': len(source), 'text_key': data.text_key}
+  tfds_reader = TfdsSource(name, source, data.text_key)
+  return Corpus(name, [tfds_reader], _units([tfds_reader]), description, Tally(),
+                split_rule='record')
 
 
-def check(data: ml_collections.ConfigDict) -> None:
-  """Cheap early check that the corpus options name something; raises CorpusError."""
+def check(data: ml_collections.ConfigDict, field: str = 'config.data') -> None:
+  """Cheap early check that the corpus options name something readable; raises CorpusError.
+
+  A parquet file or datasets directory must hold the column named by
+  text_key (or ids_key): the first one's schema is read.
+  """
+  if data.get('ids_key') and not data.corpus:
+    raise CorpusError(f'{field}.ids_key={data.ids_key!r} reads token ids from parquet files or '
+                      f'datasets directories: name them in {field}.corpus.')
   if data.get('tfds_name'):
     if data.corpus:
-      raise CorpusError('config.data.corpus and config.data.tfds_name are both set; '
+      raise CorpusError(f'{field}.corpus and {field}.tfds_name are both set; '
                         'set one of them.')
   elif data.corpus:
-    resolve_files(data.corpus)
+    files, _ = resolve_files(data.corpus, f'{field}.corpus')
+    tables = [f for f in files if arrow_source.is_table(f)]
+    if tables:
+      arrow_source.check_column(tables[0], data.text_key, data.get('ids_key', ''), field)
 
 
 # ---------------------------------------------------------------- reading
@@ -400,7 +450,14 @@ def _is_jsonl(path: str) -> bool:
 def _open_binary(path: str, byte_range: tuple[int, int] | None = None):
   if byte_range is not None:
     return io.BufferedReader(_ByteRange(path, *byte_range))
-  return gzip.open(path, 'rb') if path.endswith('.gz') else open(path, 'rb')
+  if not path.endswith('.gz'):
+    return paths.open_binary(path)
+  if not paths.is_url(path):
+    return gzip.open(path, 'rb')
+  raw = paths.open_binary(path)
+  unzipped = gzip.GzipFile(fileobj=raw, mode='rb')
+  unzipped.myfileobj = raw  # Closed with it, as when GzipFile opens a file by name.
+  return unzipped
 
 
 class _ByteRange(io.RawIOBase):
@@ -408,7 +465,7 @@ class _ByteRange(io.RawIOBase):
 
   def __init__(self, path: str, start: int, stop: int):
     super().__init__()
-    self._file = open(path, 'rb')  # pylint: disable=consider-using-with
+    self._file = paths.open_binary(path)
     self._file.seek(start)
     self._left = stop - start
 
@@ -475,56 +532,14 @@ class _Utf8Counted(io.RawIOBase):
     super().close()
 
 
-def _decode_utf8(data: bytes) -> tuple[str, int]:
-  """`data` decoded as Python's 'replace' decodes it, and how many of its bytes were invalid."""
-  try:
-    return data.decode('utf-8'), 0
-  except UnicodeDecodeError:
-    escaped = data.decode('utf-8', 'surrogateescape')  # See _Utf8Counted.readinto.
-    return data.decode('utf-8', 'replace'), len(data) - len(escaped.encode('utf-8', 'ignore'))
-
-
-class _Pieces:
-  """Cuts one document into stripped pieces of at most PIECE_CHARS, at whitespace."""
-
-  def __init__(self):
-    self._buf: list[str] = []
-    self._len = 0
-    self.num_pieces = 0
-
-  def add(self, text: str) -> Iterator[tuple[bool, str]]:
-    self._buf.append(text)
-    self._len += len(text)
-    if self._len >= PIECE_CHARS:
-      text = ''.join(self._buf)
-      while len(text) >= PIECE_CHARS:
-        cut = max(text.rfind(' ', 0, PIECE_CHARS), text.rfind('\n', 0, PIECE_CHARS))
-        if cut < PIECE_CHARS // 2:
-          cut = PIECE_CHARS  # No whitespace near the end: cut mid-word.
-        yield from self._emit(text[:cut])
-        text = text[cut:]
-      self._buf, self._len = [text], len(text)
-
-  def end(self) -> Iterator[tuple[bool, str]]:
-    """The last piece; then the builder is ready for the next document."""
-    yield from self._emit(''.join(self._buf))
-    self._buf, self._len = [], 0
-
-  def _emit(self, text: str) -> Iterator[tuple[bool, str]]:
-    text = text.strip()
-    if text:
-      yield self.num_pieces == 0, text
-      self.num_pieces += 1
-
-
 def _text_pieces(f: io.TextIOBase, document_split: str,
                  long_docs: list[int]) -> Iterator[tuple[bool, str]]:
-  doc = _Pieces()
+  doc = sources_lib.Pieces(PIECE_CHARS)
   for line in iter(functools.partial(f.readline, PIECE_CHARS), ''):
     if document_split == 'blank_line' and not line.strip(_BLANK):
       yield from doc.end()
       long_docs[0] += doc.num_pieces > 1
-      doc = _Pieces()
+      doc = sources_lib.Pieces(PIECE_CHARS)
     else:
       yield from doc.add(line)
   yield from doc.end()
@@ -552,7 +567,7 @@ def _jsonl_pieces(f: io.TextIOBase, name: str, text_key: str, tally: Tally,
     if not isinstance(text, str):
       tally.skip_line(name, 'missing_key', lineno, f'no string field {text_key!r}')
       continue
-    doc = _Pieces()
+    doc = sources_lib.Pieces(PIECE_CHARS)
     yield from doc.add(text)
     yield from doc.end()
     long_docs[0] += doc.num_pieces > 1
@@ -615,9 +630,9 @@ def _tfds_pieces(source, unit: Unit, name: str, text_key: str,
   for i in range(unit.start, unit.stop):
     text = source[i][text_key]
     if isinstance(text, bytes):
-      text, bad = _decode_utf8(text)
+      text, bad = sources_lib.decode_utf8(text)
       invalid += bad
-    doc = _Pieces()
+    doc = sources_lib.Pieces(PIECE_CHARS)
     yield from doc.add(text)
     yield from doc.end()
     long_docs += doc.num_pieces > 1
@@ -631,11 +646,22 @@ def _tfds_pieces(source, unit: Unit, name: str, text_key: str,
 
 
 def check_config(data: ml_collections.ConfigDict, check_paths: bool = True) -> None:
-  """ConfigError for an invalid text source in config.data (and, if asked, a missing one)."""
-  one_of('data', 'document_split', data.document_split, DOCUMENT_SPLITS)
-  require(bool(data.text_key), "config.data.text_key is empty; name the text field, e.g. 'text'.")
-  if check_paths:
-    try:
-      check(data)
-    except CorpusError as e:
-      raise ConfigError(str(e)) from None
+  """ConfigError for an invalid text source in config.data, one corpus or each member of a
+  mixture (and, if asked, a missing one)."""
+  mixture.check_config(data)
+  sections = [(f'config.data.sources[{k}]', m.data) for k, m in enumerate(mixture.members(data))]
+  for field, section in sections or [('config.data', data)]:
+    one_of(field.removeprefix('config.'), 'document_split', section.document_split,
+           DOCUMENT_SPLITS)
+    require(bool(section.text_key),
+            f"{field}.text_key is empty; name the text field, e.g. 'text'.")
+    if check_paths:
+      try:
+        check(section, field)
+      except CorpusError as e:
+        raise ConfigError(str(e)) from None
+
+
+def uses_token_ids(data: ml_collections.ConfigDict) -> bool:
+  """Whether config.data (or a member of its mixture) reads pre-tokenized ids."""
+  return any(m.data.ids_key for m in mixture.members(data)) or bool(data.get('ids_key'))

@@ -38,6 +38,8 @@ from mlm_jax.data import corpus as corpus_lib
 from mlm_jax.data import line_sample
 from mlm_jax.data import packed_rows
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.data.sources import CorpusError
+from mlm_jax.data.sources import Ids
 
 # Texts per tokenizer encode call.
 _DOCS_PER_CHUNK = 2000
@@ -45,10 +47,18 @@ ROWS_NAME, ROWS_VERSION = 'mlm_rows', '1.0.0'
 FILENAME_TEMPLATE = '{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}'
 
 
-def is_validation(text: str, fraction: float, seed: int) -> bool:
-  """A stable, content-keyed coin flip per document (keyed by its first piece)."""
-  h = zlib.crc32(text.encode('utf-8', 'replace'), zlib.crc32(str(seed).encode()))
+def is_validation(text: str | Ids, fraction: float, seed: int) -> bool:
+  """A stable, content-keyed coin flip per document: keyed by its first piece of text, or by
+  its token ids (a pre-tokenized document)."""
+  content = (np.asarray(text.ids, '<i4').tobytes() if isinstance(text, Ids)
+             else text.encode('utf-8', 'replace'))
+  h = zlib.crc32(content, zlib.crc32(str(seed).encode()))
   return h / 2**32 < fraction
+
+
+def split_role(name: str) -> str:
+  """'train' or 'validation': what a stored split is ('train', or a mixture member's 'train_1')."""
+  return name.partition('_')[0]
 
 
 # Per worker process: what init_worker was given, and the tokenizer once loaded.
@@ -72,12 +82,15 @@ def _tokenizer() -> tok_lib.Tokenizer:
 
 
 def document_pieces(unit: corpus_lib.Unit,
-                    tally: corpus_lib.Tally) -> Iterator[tuple[bool, str, bool]]:
-  """(first piece of a document, the piece sanitized, its document is held out) of a unit,
-  read from the corpus; what the unit's input held is counted in `tally`."""
+                    tally: corpus_lib.Tally) -> Iterator[tuple[bool, str | Ids, bool]]:
+  """(first piece of a document, the piece sanitized (or a document's Ids), its document is
+  held out) of a unit, read from the corpus; what the unit's input held is counted in `tally`."""
   is_val = False
   for first, piece in _WORKER['reader'].pieces(unit, tally):
-    piece = tok_lib.sanitize(piece)
+    if isinstance(piece, Ids):  # A given tokenizer's ids: the tokenizer is there already.
+      piece = Ids(checked_ids(piece, _tokenizer()), piece.where)
+    else:
+      piece = tok_lib.sanitize(piece)
     if first:
       is_val = is_validation(piece, *_WORKER['val'])
     yield first, piece, is_val
@@ -88,7 +101,7 @@ def train_lines(unit: corpus_lib.Unit, tally: corpus_lib.Tally,
   """The stripped non-empty lines of a unit's training documents; counts them in documents[0]."""
   for first, piece, is_val in document_pieces(unit, tally):
     documents[0] += first and not is_val
-    if not is_val:
+    if not is_val and not isinstance(piece, Ids):  # Token ids teach a tokenizer nothing.
       for line in piece.splitlines():
         if line := line.strip():
           yield line
@@ -265,6 +278,8 @@ def tokenize_unit(index: int, unit: corpus_lib.Unit, units_dir: str) -> None:
   with open(os.path.join(tmp, 'ids.bin'), 'wb') as f:
 
     def flush():
+      if not texts:
+        return
       # Corpus text: a special token's spelling in it is plain text.
       encoded = tokenizer.encode_documents(texts, num_threads=_WORKER['threads'])
       for doc, ids in zip(owners, encoded):
@@ -278,6 +293,11 @@ def tokenize_unit(index: int, unit: corpus_lib.Unit, units_dir: str) -> None:
       if first:
         lengths.append(0)
         is_val.append(held_out)
+      if isinstance(piece, Ids):
+        flush()
+        lengths[-1] += len(piece.ids)
+        f.write(piece.ids.astype(np.int32).tobytes())
+        continue
       texts.append(piece)
       owners.append(len(lengths) - 1)
       chars += len(piece)
@@ -298,6 +318,30 @@ def tokenize_unit(index: int, unit: corpus_lib.Unit, units_dir: str) -> None:
   if os.path.exists(split_path(units_dir, index)):
     os.remove(split_path(units_dir, index))
 
+
+
+def checked_ids(document: Ids, tokenizer: tok_lib.Tokenizer) -> np.ndarray:
+  """A pre-tokenized document's ids as packing takes them: a leading [CLS] and a trailing [SEP]
+  (which a tokenizer's encode adds) dropped, as packing adds its own. CorpusError naming the
+  row for an id outside the vocabulary, or a [PAD] or [MASK] inside the text."""
+  ids, s = document.ids, tokenizer.specials
+  if len(ids) and ids[0] == s.cls:
+    ids = ids[1:]
+  if len(ids) and ids[-1] == s.sep:
+    ids = ids[:-1]
+  outside = (ids < 0) | (ids >= tokenizer.vocab_size)
+  if outside.any():
+    raise CorpusError(
+        f'{document.where}: token id {int(ids[outside][0])} is outside the vocabulary of the '
+        f'given tokenizer ({tokenizer.describe()}): these ids were made with another tokenizer; '
+        'set config.tokenizer.model_file to the one they were made with.')
+  reserved = np.isin(ids, (s.pad, s.mask))
+  if reserved.any():
+    raise CorpusError(
+        f'{document.where}: holds the id {int(ids[reserved][0])} of '
+        f'{tokenizer.id_to_piece(int(ids[reserved][0]))!r} inside a document, which padding and '
+        'masking give their own meaning; remove it from the ids.')
+  return ids
 
 
 def split_stats(stream: list[tuple[str, int, int, int]], seq_len: int) -> dict:
@@ -349,7 +393,8 @@ def write_shard(split: str, k: int, num_shards: int, r0: int, r1: int,
   for unit_dir, n, _, _ in stream:
     lo, hi = max(a, offset) - offset, min(b, offset + n) - offset
     if lo < hi:
-      parts.append(unit_stream(unit_dir, split == 'validation', lo, hi, specials.sep))
+      parts.append(unit_stream(unit_dir, split_role(split) == 'validation', lo, hi,
+                               specials.sep))
     offset += n
   flat = np.full((r1 - r0) * content, specials.pad, np.int32)
   flat[:b - a] = np.concatenate(parts)
@@ -358,12 +403,12 @@ def write_shard(split: str, k: int, num_shards: int, r0: int, r1: int,
   body = flat.reshape(-1, content)
   rows = np.concatenate([np.full((len(body), 1), specials.cls, np.int32), body,
                          np.full((len(body), 1), specials.sep, np.int32)], axis=1)
-  if split == 'train':
+  if split_role(split) == 'train':
     counts = np.bincount(body.ravel(), minlength=tokenizer.vocab_size)
     counts[[specials.pad, specials.sep]] = 0  # Documents never hold either.
     tmp = os.path.join(tmp_dir, f'counts-{k:05d}.npy')
     np.save(tmp, counts.astype(np.int64))
-    os.replace(tmp, os.path.join(counts_dir, f'train-{k:05d}.npy'))
+    os.replace(tmp, os.path.join(counts_dir, f'{split}-{k:05d}.npy'))
   tmp = os.path.join(tmp_dir, f'{split}-{k:05d}-{os.getpid()}.npy')
   np.save(tmp, rows.astype(dense_dtype(tokenizer.vocab_size)))
   os.replace(tmp, packed_rows.dense_path(dense_dir, split, k, num_shards))

@@ -21,6 +21,7 @@ Sentence pairs (NSP/SOP) are built by data/sentence_pairs.py before masking.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
@@ -137,11 +138,15 @@ def _split_chunks(chunks: Iterator[dict[str, np.ndarray]],
 def train_batches(source: Any, masker: masking.Masker, *, global_batch: int, seed: int,
                   start_step: int = 0, process_index: int = 0, process_count: int = 1,
                   prefetch: int = 2, worker_count: int = 0, sentence_pair: str = 'none',
-                  chunk_rows: int = CHUNK_ROWS) -> Iterator[dict[str, np.ndarray]]:
+                  chunk_rows: int = CHUNK_ROWS,
+                  order: Callable[[np.ndarray], np.ndarray] | None = None
+                  ) -> Iterator[dict[str, np.ndarray]]:
   """Yields this process's masked part of global batches start_step, start_step+1, ...
 
   worker_count: grain worker processes (0: threads of this process); prefetch:
-  chunks of about `chunk_rows` rows computed ahead per worker.
+  chunks of about `chunk_rows` rows computed ahead per worker. order: global
+  stream positions [n] -> source row indices [n] (a mixture's draw,
+  data/mixture.py); None: the source's rows, shuffled anew every epoch.
   """
   if global_batch % process_count:
     raise ValueError(f'global batch {global_batch} does not divide over {process_count} processes')
@@ -152,8 +157,8 @@ def train_batches(source: Any, masker: masking.Masker, *, global_batch: int, see
   def build(c: int) -> dict[str, np.ndarray]:
     steps = start_step + c * steps_per_chunk + np.arange(steps_per_chunk)
     rows = (steps[:, None] * global_batch + process_index * local + np.arange(local)).ravel()
-    return builder(stream_to_source(rows, len(source), seed), step=np.repeat(steps, local),
-                   rows=rows)
+    indices = order(rows) if order is not None else stream_to_source(rows, len(source), seed)
+    return builder(indices, step=np.repeat(steps, local), rows=rows)
 
   # ~1e12 rows: endless in practice.
   ds = grain.MapDataset.range(2**40 // (steps_per_chunk * global_batch)).map(build)

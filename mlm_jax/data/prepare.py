@@ -15,6 +15,10 @@ and a report beside it:
   DATA_DIR/rows/               the same rows as .npy arrays, one per shard (read
                                by the input pipeline; see data/packed_rows.py)
 
+A mixture (config.data.sources) is prepared as one corpus whose units each
+belong to one source; each source's rows are stored as its own splits
+(train_K, validation_K), read by the input pipeline's mixture draw.
+
 Packing follows RoBERTa's FULL-SENTENCES: documents are concatenated with
 [SEP] between them and cut into rows of exactly T ids, so only the last row of
 each split has padding. Documents, not rows, are assigned to the validation
@@ -22,7 +26,8 @@ split, so no held-out text is seen in training.
 
 Three stages, in DATA_DIR.partial, renamed to DATA_DIR when all are done,
 each spread over `config.data.num_workers` processes by units of the corpus
-(a group of files, a byte range of a big file, a range of tfds records):
+(a group of files, a byte range of a big file, a range of tfds records, of
+parquet row groups or of Arrow record batches; data/sources.py):
   1. tokenizer: the given one (config.tokenizer.model_file, with
      config.tokenizer.add_tokens added), or one trained: one pass over the
      training documents, each unit sampling its lines by random keys; the at
@@ -65,8 +70,10 @@ from mlm_jax.config_check import require
 from mlm_jax.data import corpus as corpus_lib
 from mlm_jax.data import hf_tokenizer
 from mlm_jax.data import line_sample
+from mlm_jax.data import mixture
 from mlm_jax.data import packed_rows
 from mlm_jax.data import packing
+from mlm_jax.data import paths
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.runtime import cores
@@ -99,6 +106,8 @@ class PreparedData:
   tokenizer: tok_lib.Tokenizer
   unigram_counts: np.ndarray  # [vocab] int64
   stats: dict
+  # The names of a mixture's sources (config.data.sources), in order; () for one corpus.
+  part_names: tuple[str, ...] = ()
 
   @property
   def rows_dir(self) -> str:
@@ -133,9 +142,29 @@ class PreparedData:
       spelled = json.load(f)['spelled']
     return {int(i): [int(p) for p in pieces] for i, pieces in spelled.items()}
 
-  def source(self, split: str) -> packed_rows.DenseRows:
-    """A split's rows, {'input_ids': int32[T]} by index (`read` for many): its .npy shards."""
-    return packed_rows.DenseRows(packed_rows.split_paths(self.data_dir, split))
+  @property
+  def num_parts(self) -> int:
+    """The members of a mixture (config.data.sources) the data holds; 1 for one corpus."""
+    return len(self.stats.get('parts', ())) or 1
+
+  def source(self, split: str, part: int | None = None) -> packed_rows.DenseRows:
+    """A split's rows, {'input_ids': int32[T]} by index (`read` for many): its .npy shards.
+
+    Of a mixture: member `part`'s, or (None) all members' one after another.
+    """
+    names = split_names(split, self.num_parts) if part is None else [
+        split_name(split, part, self.num_parts)]
+    return packed_rows.DenseRows(
+        [p for name in names for p in packed_rows.split_paths(self.data_dir, name)])
+
+
+def split_name(split: str, part: int, num_parts: int) -> str:
+  """The stored split of member `part` of a mixture ('train_0', ...); of one corpus, `split`."""
+  return split if num_parts == 1 else f'{split}_{part}'
+
+
+def split_names(split: str, num_parts: int) -> list[str]:
+  return [split_name(split, p, num_parts) for p in range(num_parts)]
 
 
 def _rows_dir(data_dir: str) -> str:
@@ -150,8 +179,7 @@ def fingerprint(data: ml_collections.ConfigDict, tok: ml_collections.ConfigDict,
   return {
       'format': FORMAT_VERSION,
       'corpus': corpus.description,
-      'document_split': data.document_split if corpus.kind == 'files' else (
-          'docstring' if corpus.kind == 'stdlib' else 'record'),
+      'document_split': corpus.split_rule,
       'seq_len': data.seq_len,
       'val_fraction': data.val_fraction,
       'split_seed': data.split_seed,
@@ -205,7 +233,8 @@ def _file_digest(path: str) -> str:
 def default_data_dir(fp: dict) -> str:
   root = os.environ.get('MLM_JAX_CACHE', os.path.join(os.path.expanduser('~'), '.cache', 'mlm_jax'))
   digest = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:12]
-  name = {'python-stdlib-docstrings': 'stdlib', 'tfds': 'tfds'}.get(fp['corpus']['source'], 'corpus')
+  name = {'python-stdlib-docstrings': 'stdlib', 'tfds': 'tfds', None: 'mixture'}.get(
+      fp['corpus'].get('source'), 'corpus')
   return os.path.join(root, 'data', f'{name}-T{fp["seq_len"]}-{digest}')
 
 
@@ -213,7 +242,7 @@ def resolve_data_dir(config: ml_collections.ConfigDict,
                      corpus: corpus_lib.Corpus | None = None) -> tuple[str, dict]:
   fp = fingerprint(config.data, config.tokenizer, corpus)
   data_dir = config.data.data_dir or default_data_dir(fp)
-  return os.path.abspath(os.path.expanduser(data_dir)), fp
+  return paths.absolute(data_dir), fp
 
 
 def _stored_tokenizer(directory: str) -> str | None:
@@ -241,7 +270,9 @@ def load(data_dir: str) -> PreparedData:
   if stored is None:
     raise DataDirError(f'{data_dir} holds no tokenizer (tokenizer.model or tokenizer/): delete '
                        'it and prepare again.')
-  if not all(packed_rows.split_paths(data_dir, s) for s in _SPLITS):
+  parts = len(stats.get('parts', ())) or 1
+  if not all(packed_rows.split_paths(data_dir, name) for s in _SPLITS
+             for name in split_names(s, parts)):
     raise DataDirError(f'{data_dir} was prepared by an earlier version of mlm_jax (no .npy shards '
                        f'of its rows in {packed_rows.DENSE_DIR}/): delete it and prepare it again '
                        'with `python -m mlm_jax.prepare --config=FILE` (the same config).')
@@ -254,10 +285,9 @@ def load(data_dir: str) -> PreparedData:
 
 def is_prepared(data_dir: str, fp: dict) -> bool:
   """True if data_dir holds data made from `fp`; raises if it holds other data."""
-  fp_path = os.path.join(data_dir, 'fingerprint.json')
-  if os.path.exists(fp_path):
-    with open(fp_path) as f:
-      found = json.load(f)
+  fp_path = paths.join(data_dir, 'fingerprint.json')
+  if paths.exists(fp_path):
+    found = json.loads(paths.read_text(fp_path))
     if found == json.loads(json.dumps(fp)):
       return True
     diff = sorted(k for k in set(fp) | set(found) if fp.get(k) != found.get(k))
@@ -265,7 +295,7 @@ def is_prepared(data_dir: str, fp: dict) -> bool:
         f'{data_dir} holds data prepared from other settings (differs in: '
         f'{", ".join(diff)}). Set config.data.data_dir to a new directory, '
         'or leave it empty to use a cache directory keyed by the settings.')
-  if os.path.isdir(data_dir) and os.listdir(data_dir):
+  if paths.isdir(data_dir) and paths.walk_files(data_dir):
     raise DataDirError(
         f'{data_dir} is not empty and is not an mlm_jax data dir '
         '(no fingerprint.json). Set config.data.data_dir to a new or empty directory.')
@@ -284,8 +314,12 @@ def prepare(config: ml_collections.ConfigDict,
     _import_beam_runner().check_options(beam_options)  # Before anything is read or written.
   corpus = corpus_lib.resolve(config.data)
   data_dir, fp = resolve_data_dir(config, corpus)
+  names = tuple(m.name for m in mixture.members(config.data))
+  if paths.is_url(data_dir):
+    return dataclasses.replace(_prepare_remote(data_dir, fp, config, beam_options),
+                               part_names=names)
   if is_prepared(data_dir, fp):
-    return load(data_dir)
+    return dataclasses.replace(load(data_dir), part_names=names)
   partial = data_dir + '.partial'
   _open_partial(partial, fp)
   try:
@@ -301,8 +335,44 @@ def prepare(config: ml_collections.ConfigDict,
   if os.path.isdir(data_dir):
     os.rmdir(data_dir)  # Empty (checked above); rename needs it gone.
   os.rename(partial, data_dir)
-  print(format_report(report, data_dir), flush=True)
-  return load(data_dir)
+  print(format_report(report, data_dir, names), flush=True)
+  return dataclasses.replace(load(data_dir), part_names=names)
+
+
+def _prepare_remote(url: str, fp: dict, config: ml_collections.ConfigDict,
+                    beam_options: list[str] | None) -> PreparedData:
+  """A data dir at a bucket URL, through a local copy (training memory-maps its rows).
+
+  Prepared there already: copied into the cache once, then read from the
+  copy. Not yet: prepared into the cache as a local data dir would be, then
+  copied up, fingerprint.json last, so that the URL never looks finished
+  before it is.
+  """
+  root = os.environ.get('MLM_JAX_CACHE', os.path.join(os.path.expanduser('~'), '.cache', 'mlm_jax'))
+  local = os.path.join(root, 'remote', hashlib.sha256(url.encode()).hexdigest()[:16])
+  local_config = config.copy_and_resolve_references()
+  local_config.data.data_dir = local
+  if is_prepared(url, fp):
+    if not _holds(local, fp):
+      shutil.rmtree(local, ignore_errors=True)  # A copy of other data, or an unfinished one.
+      logging.info('Copying the data dir %s into %s', url, local)
+      paths.copy_tree(url, f'{local}.copy-{os.getpid()}', last=['fingerprint.json'])
+      os.replace(f'{local}.copy-{os.getpid()}', local)
+    return load(local)
+  if os.path.isdir(local) and not _holds(local, fp):
+    shutil.rmtree(local)  # A copy of data the URL no longer holds.
+  data = prepare(local_config, beam_options)
+  logging.info('Copying the data dir %s up to %s', local, url)
+  paths.copy_tree(local, url, last=['fingerprint.json'])
+  return data
+
+
+def _holds(data_dir: str, fp: dict) -> bool:
+  """Whether `data_dir` holds data made from `fp` (False for anything else there)."""
+  try:
+    return is_prepared(data_dir, fp)
+  except DataDirError:
+    return False
 
 
 def _open_partial(partial: str, fp: dict) -> None:
@@ -359,7 +429,7 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Co
     units_todo = _tokenize_units(out, corpus, pool, workers)                   # 2.
     seconds['tokenize'] = time.perf_counter() - start - sum(seconds.values())
     tally, streams, stats = _read_units(out, corpus, data.seq_len)
-    shard_lengths, shards_todo = _write_rows(out, pool, streams, stats, data.seq_len)  # 3.
+    shard_lengths, shards_todo = _write_rows(out, pool, streams, data.seq_len)  # 3.
   counts = _finish_rows(out, shard_lengths, tokenizer, data.seq_len)
   seconds['write'] = time.perf_counter() - start - sum(seconds.values())
   stats['train']['unknown_rate'] = _unknown_rate(counts, tokenizer)
@@ -396,7 +466,8 @@ def _units_to_read(out: str, corpus: corpus_lib.Corpus) -> list[tuple]:
   units_dir = os.path.join(out, 'units')
   os.makedirs(units_dir, exist_ok=True)
   return [(i, u, units_dir) for i, u in enumerate(corpus.units)
-          if not os.path.isdir(os.path.join(units_dir, f'{i:06d}'))
+          if not corpus.sources[u.source].pretokenized
+          and not os.path.isdir(os.path.join(units_dir, f'{i:06d}'))
           and not os.path.exists(packing.split_path(units_dir, i))][:_READ_AHEAD_UNITS]
 
 
@@ -417,25 +488,44 @@ def _tokenize_units(out: str, corpus: corpus_lib.Corpus, pool: packing.Pool,
 
 def _read_units(out: str, corpus: corpus_lib.Corpus,
                 seq_len: int) -> tuple[corpus_lib.Tally, dict, dict]:
-  """(tally of all inputs, per split the units' streams, per split stats)."""
+  """(tally of all inputs, per stored split the units' streams, per split stats).
+
+  A mixture's stats hold the totals of its members under 'train' and
+  'validation', and each member's under 'parts'.
+  """
   tally = corpus_lib.Tally()
   tally.add(corpus.tally.to_json())
-  streams = {s: [] for s in _SPLITS}  # Per unit: (dir, stream length, documents, tokens).
-  for i in range(len(corpus.units)):
+  parts = corpus.num_parts
+  # Per stored split, per unit: (dir, stream length, documents, tokens).
+  streams = {name: [] for s in _SPLITS for name in split_names(s, parts)}
+  for i, unit in enumerate(corpus.units):
     unit_dir = os.path.join(out, 'units', f'{i:06d}')
     with open(os.path.join(unit_dir, 'tally.json')) as f:
       tally.add(json.load(f))
     docs = np.load(os.path.join(unit_dir, 'docs.npz'))
     for s in _SPLITS:
       lengths = docs['lengths'][docs['is_val'] == (s == 'validation')]
-      streams[s].append((unit_dir, int(lengths.sum() + len(lengths)), len(lengths),
-                         int(lengths.sum())))
-  stats = {s: packing.split_stats(streams[s], seq_len) for s in _SPLITS}
-  _ensure_splits(stats, corpus, tally)
+      streams[split_name(s, corpus.part(unit), parts)].append(
+          (unit_dir, int(lengths.sum() + len(lengths)), len(lengths), int(lengths.sum())))
+  stats = {name: packing.split_stats(stream, seq_len) for name, stream in streams.items()}
+  if parts > 1:
+    members = [{s: stats[split_name(s, p, parts)] for s in _SPLITS} for p in range(parts)]
+    stats = {s: _total([m[s] for m in members], seq_len) for s in _SPLITS} | {'parts': members}
+  for p, member in enumerate(stats.get('parts', [stats])):
+    _ensure_splits(member, corpus, tally, p)
   return tally, streams, stats
 
 
-def _write_rows(out: str, pool: packing.Pool, streams: dict, stats: dict,
+def _total(stats: list[dict], seq_len: int) -> dict:
+  """The stats of several members' splits taken together."""
+  rows = sum(st['rows'] for st in stats)
+  padding = sum(st['padding_fraction'] * st['rows'] * seq_len for st in stats)
+  return {'documents': sum(st['documents'] for st in stats),
+          'tokens': sum(st['tokens'] for st in stats), 'rows': rows,
+          'padding_fraction': padding / (rows * seq_len) if rows else 0.0}
+
+
+def _write_rows(out: str, pool: packing.Pool, streams: dict,
                 seq_len: int) -> tuple[dict[str, list[int]], int]:
   """Stage 3: every array_record shard not written yet; (rows per shard by split, to do)."""
   rows_dir, dense_dir = _rows_dir(out), os.path.join(out, packed_rows.DENSE_DIR)
@@ -447,15 +537,15 @@ def _write_rows(out: str, pool: packing.Pool, streams: dict, stats: dict,
   os.makedirs(tmp_dir)
   rows_per_shard = max(1, SHARD_BYTES // (4 * seq_len))
   tasks, shard_lengths = [], {}
-  for s in _SPLITS:
-    rows = stats[s]['rows']
+  for s, stream in streams.items():
+    rows = packing.split_stats(stream, seq_len)['rows']
     n = -(-rows // rows_per_shard)
     shard_lengths[s] = [min(rows_per_shard, rows - k * rows_per_shard) for k in range(n)]
     for k in range(n):
       if not (os.path.exists(packing.shard_path(rows_dir, s, k, n))
               and os.path.exists(packed_rows.dense_path(dense_dir, s, k, n))):
         tasks.append((s, k, n, k * rows_per_shard, k * rows_per_shard + shard_lengths[s][k],
-                      streams[s], rows_dir, dense_dir, tmp_dir, counts_dir))
+                      stream, rows_dir, dense_dir, tmp_dir, counts_dir))
   num_shards = sum(len(v) for v in shard_lengths.values())
   logging.info('Writing %d of %d shards of rows', len(tasks), num_shards)
   pool.run(packing.write_shard, tasks, 'write rows', num_shards)
@@ -483,13 +573,15 @@ def _finish_rows(out: str, shard_lengths: dict[str, list[int]], tokenizer: tok_l
   """The tfds metadata of the rows; returns the train split's token counts [vocab]."""
   rows_dir, counts_dir = _rows_dir(out), os.path.join(out, 'counts')
   counts = np.zeros(tokenizer.vocab_size, np.int64)
-  for k in range(len(shard_lengths['train'])):
-    counts += np.load(os.path.join(counts_dir, f'train-{k:05d}.npy'))
+  for name, lengths in shard_lengths.items():
+    if packing.split_role(name) == 'train':
+      for k in range(len(lengths)):
+        counts += np.load(os.path.join(counts_dir, f'{name}-{k:05d}.npy'))
   split_infos = [tfds.core.SplitInfo(
       name=s, shard_lengths=shard_lengths[s],
       num_bytes=sum(os.path.getsize(packing.shard_path(rows_dir, s, k, len(shard_lengths[s])))
                     for k in range(len(shard_lengths[s]))),
-      filename_template=packing.template(rows_dir, s)) for s in _SPLITS]
+      filename_template=packing.template(rows_dir, s)) for s in shard_lengths]
   tfds.folder_dataset.write_metadata(
       data_dir=rows_dir, features=packing.features(seq_len), split_infos=split_infos,
       filename_template=packing.FILENAME_TEMPLATE, check_data=False,
@@ -502,8 +594,9 @@ def _finish_rows(out: str, shard_lengths: dict[str, list[int]], tokenizer: tok_l
   return counts
 
 
-def format_report(report: dict, data_dir: str) -> str:
-  """The report as a few lines for the console (report.json has it all)."""
+def format_report(report: dict, data_dir: str, names: tuple[str, ...] = ()) -> str:
+  """The report as a few lines for the console (report.json has it all); `names`: a mixture's
+  sources."""
   w = report['work']
   stages = ', '.join(f'{k} {v:.1f}s' for k, v in w['stage_seconds'].items())
   where = (f'{w["workers"]} workers' if w.get('beam_options') is None
@@ -511,10 +604,15 @@ def format_report(report: dict, data_dir: str) -> str:
   lines = [f'Prepared {report["corpus"]} into {data_dir} in {w["seconds"]:.1f}s ({stages}; '
            f'{where}; reused {w["units_reused"]}/{w["units"]} units, '
            f'{w["shards_reused"]}/{w["shards"]} shards)']
-  for s, st in report['splits'].items():
-    unknown = f', unknown {st["unknown_rate"]:.4%}' if st.get('unknown_rate') else ''
-    lines.append(f'  {s}: {st["documents"]:,} documents, {st["tokens"]:,} tokens, '
-                 f'{st["rows"]:,} rows, padding {st["padding_fraction"]:.4%}{unknown}')
+  splits = report['splits']
+  members = [(f'{names[p]} ' if p < len(names) else f'source {p} ', m)
+             for p, m in enumerate(splits.get('parts', ()))]
+  for prefix, stats in [('', splits)] + members:
+    for s in _SPLITS:
+      st = stats[s]
+      unknown = f', unknown {st["unknown_rate"]:.4%}' if st.get('unknown_rate') else ''
+      lines.append(f'  {prefix}{s}: {st["documents"]:,} documents, {st["tokens"]:,} tokens, '
+                   f'{st["rows"]:,} rows, padding {st["padding_fraction"]:.4%}{unknown}')
   t = report['tokenizer']
   # A tokenizer stage finished by an older version (a resumed prepare) has other counts.
   if t.get('trained') and 'sentences_seen' in t:
@@ -525,8 +623,9 @@ def format_report(report: dict, data_dir: str) -> str:
   for kind in ('skipped', 'repaired'):
     for e in inputs[kind]:
       count = f' x{e["count"]}' if e.get('count', 1) != 1 else ''
-      at = f' (lines {", ".join(map(str, e["lines"]))}{"..." if e["count"] > 10 else ""})' if (
-          e.get('lines')) else ''
+      where = 'rows' if 'rows' in e else 'lines'
+      at = (f' ({where} {", ".join(map(str, e[where]))}{"..." if e["count"] > 10 else ""})'
+            if e.get(where) else '')
       lines.append(f'  {kind}: {e["input"]}: {e["reason"]}{count}{at}')
   lines.append(f'  full report: {os.path.join(data_dir, "report.json")}')
   return '\n'.join(lines)
@@ -668,12 +767,18 @@ def _raise_no_text(corpus: corpus_lib.Corpus, tally: corpus_lib.Tally):
       + '. Check config.data.corpus / config.data.tfds_name.')
 
 
-def _ensure_splits(stats: dict, corpus: corpus_lib.Corpus, tally: corpus_lib.Tally) -> None:
+def _ensure_splits(stats: dict, corpus: corpus_lib.Corpus, tally: corpus_lib.Tally,
+                   part: int = 0) -> None:
+  """CorpusError unless the corpus (member `part` of a mixture) has rows in both splits."""
+  member = f'config.data.sources[{part}]: ' if corpus.num_parts > 1 else ''
   if stats['train']['rows'] == 0:
+    if member:
+      raise corpus_lib.CorpusError(f'{member}no usable text: no training document. Check its '
+                                   'corpus (the report of skipped inputs: rerun with it alone).')
     _raise_no_text(corpus, tally)
   if stats['validation']['rows'] == 0:
     raise corpus_lib.CorpusError(
-        f'{corpus.name}: no document fell into the validation split '
+        f'{member or corpus.name + ": "}no document fell into the validation split '
         f'(config.data.val_fraction, {stats["train"]["documents"]} documents). Raise '
         "val_fraction, or add documents (document_split='blank_line' makes one per paragraph).")
 

@@ -15,17 +15,40 @@ from mlm_jax.runtime import sharding
 from mlm_jax.training import objective
 
 
+# The figures of each source of a mixture that evaluation reports beside the total.
+PER_SOURCE = ('loss', 'mlm_accuracy', 'mask_accuracy', 'context_ratio')
+
+
 def evaluate(eval_step: Any, state: Any, data: prepare.PreparedData, masker: masking.Masker,
              eval_config: ml_collections.ConfigDict, sentence_pair: str, mesh) -> dict[str, Any]:
   """Loss and accuracy on the validation split (config.eval: batch, masks, limit).
 
   Overall and per kind of masked slot, each next to the hit rate of always
   answering the train split's most frequent normal token (the eval step's
-  baseline token); see step.slot_metrics.
+  baseline token); see step.slot_metrics. A mixture's sources are evaluated
+  one by one (config.eval.max_batches each), their figures reported as
+  NAME/mask_accuracy ... beside those of all of them together.
   """
+  parts = list(range(data.num_parts)) if data.num_parts > 1 else [None]
+  sources = [data.source('validation', p) for p in parts]
+  # One batch size for all sources: the eval step compiles once.
+  global_batch = pipeline.eval_batch_size(max(map(len, sources)), eval_config.batch_size,
+                                          mesh.size)
+  sums = [_sums(eval_step, state, source, masker, eval_config, sentence_pair, mesh,
+                global_batch) for source in sources]
+  result = _figures({k: sum(s[k] for s in sums) for k in sums[0]}, data)
+  if len(parts) > 1:
+    for name, part_sums in zip(data.part_names, sums):
+      figures = _figures(part_sums, data)
+      result |= {f'{k}/{name}': figures[k] for k in PER_SOURCE if k in figures}
+  return result
+
+
+def _sums(eval_step: Any, state: Any, source: Any, masker: masking.Masker,
+          eval_config: ml_collections.ConfigDict, sentence_pair: str, mesh,
+          global_batch: int) -> dict[str, float]:
+  """The eval step's sums over a validation split."""
   totals: dict[str, float] = {}
-  source = data.source('validation')
-  global_batch = pipeline.eval_batch_size(len(source), eval_config.batch_size, mesh.size)
   for host_batch in pipeline.eval_batches(
       source, masker, global_batch=global_batch,
       mask_seed=eval_config.mask_seed, max_batches=eval_config.max_batches,
@@ -34,6 +57,10 @@ def evaluate(eval_step: Any, state: Any, data: prepare.PreparedData, masker: mas
     sums = jax.device_get(eval_step(state, sharding.to_global(host_batch, mesh)))
     for k, v in sums.items():
       totals[k] = totals.get(k, 0.0) + float(v)
+  return totals
+
+
+def _figures(totals: dict[str, float], data: prepare.PreparedData) -> dict[str, Any]:
   denom = max(totals['weight_sum'], 1.0)
   result: dict[str, Any] = {
       'loss': totals['loss_sum'] / denom, 'mlm_accuracy': totals['correct_sum'] / denom,

@@ -31,6 +31,7 @@ from mlm_jax.training import feed as feed_lib
 from mlm_jax.training import init_from
 from mlm_jax.training import lock
 from mlm_jax.training import metrics
+from mlm_jax.training import mixture_run
 from mlm_jax.training import preemption
 from mlm_jax.training import profiling
 from mlm_jax.training import report as report_lib
@@ -65,19 +66,21 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     workdir_lib.record(workdir, resolved, data.tokenizer)
   _log_start(data, built, state, mesh)
   # ------------------------------------------------------------------ loop
-  train = config.train
+  train, series = config.train, metrics.read_metrics(workdir)
+  mixed = mixture_run.for_run(config, data, start_step, series)  # None: one corpus.
   batches = pipeline.train_batches(
       data.source('train'), masker, global_batch=train.batch_size, seed=config.seed,
       start_step=start_step, process_index=jax.process_index(),
       process_count=jax.process_count(), prefetch=config.input.prefetch,
-      worker_count=config.input.worker_count, sentence_pair=config.sentence_pair.task)
+      worker_count=config.input.worker_count, sentence_pair=config.sentence_pair.task,
+      order=mixed and mixed.order)
   feed = feed_lib.DeviceFeed(batches, mesh)
   log = report_lib.TrainingLog(
       metrics.MetricsWriter(workdir, enabled=is_main, tensorboard=train.tensorboard,
                             hparams=resolved, start_step=start_step),
       feed, start_step=start_step, num_steps=train.num_steps, show=is_main,
-      earlier_tokens=summary.tokens_before(metrics.read_metrics(workdir), start_step),
-      checkpoint_dir=checkpointer.directory)
+      earlier_tokens=summary.tokens_before(series, start_step),
+      checkpoint_dir=checkpointer.directory, figures=mixed and mixed.figures)
   profiler = profiling.StepProfiler(workdir, config.profile, resumed_at=start_step)
   stop = preemption.StopRequest(multi_process=jax.process_count() > 1)
   step, last_eval, stopping = start_step, {}, False
@@ -212,7 +215,7 @@ def _finish(config: ml_collections.ConfigDict, built: build_lib.Built, state: An
              'host_malloc': host_malloc.description(), 'state_bytes': size['total'],
              'state_bytes_per_device': size['per_device']}
   if last_eval:
-    result |= {f'eval_{k}': last_eval[k] for k in summary.EVAL_FIGURES if k in last_eval}
+    result |= summary.eval_figures(last_eval)
   if is_main:
     if last_eval:
       print(summary.eval_line(step, last_eval), flush=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -77,12 +78,13 @@ class TrainingLog(IntervalLog):
 
   def __init__(self, writer: metrics_lib.MetricsWriter, feed: feed_lib.DeviceFeed, *,
                start_step: int, num_steps: int, earlier_tokens: int | None, show: bool,
-               checkpoint_dir: str):
+               checkpoint_dir: str, figures: Callable[[int], dict[str, Any]] | None = None):
     super().__init__(writer, start_step=start_step, num_steps=num_steps, show=show,
                      checkpoint_dir=checkpoint_dir)
     self.counters = summary.Counters()
     self.earlier_tokens = earlier_tokens  # Seen before this invocation, if known.
     self._feed = feed
+    self._figures = figures  # More figures of the run at a step (a mixture's, per source).
 
   def restart(self) -> None:
     super().restart()
@@ -104,6 +106,8 @@ class TrainingLog(IntervalLog):
     record['input_wait_fraction'] = min(self._feed.take_wait() / seconds, 1.0)
     if self.earlier_tokens is not None:
       record['tokens_seen'] = self.earlier_tokens + self.counters.tokens
+    if self._figures is not None:
+      record.update(self._figures(step))
     check_finite(record['loss'], step, self._checkpoint_dir)
     self.writer.write(step, record)
     self._progress.set_postfix(loss=f'{record["loss"]:.3f}', acc=f'{record["mlm_accuracy"]:.3f}')

@@ -132,6 +132,13 @@ EVAL_FIGURES = ('baseline_token', 'baseline_accuracy', 'mask_accuracy', 'mask_ba
                 'context_ratio', 'random_accuracy', 'kept_accuracy')
 
 
+def eval_figures(result: dict[str, Any]) -> dict[str, Any]:
+  """The figures of an evaluation that summary.json keeps, as eval_<name>: EVAL_FIGURES and a
+  mixture's [MASK]-slot accuracy per source."""
+  return {f'eval_{k}': v for k, v in result.items()
+          if k in EVAL_FIGURES or k.startswith('mask_accuracy/')}
+
+
 def eval_line(step: int, result: dict[str, Any]) -> str:
   """The line a run ends with: held-out accuracy, and at [MASK] slots the context ratio.
 
@@ -147,6 +154,10 @@ def eval_line(step: int, result: dict[str, Any]) -> str:
     line += (f'; at [MASK] slots {result["mask_accuracy"]:.4f} vs '
              f'{result["mask_baseline_accuracy"]:.4f}: context ratio '
              f'{result["context_ratio"]:.2f}x')
+  by_source = {k.split('/', 1)[1]: v for k, v in result.items() if k.startswith('mask_accuracy/')}
+  if by_source:
+    line += '; by source at [MASK] slots: ' + ', '.join(f'{n} {v:.4f}'
+                                                        for n, v in by_source.items())
   return line
 
 

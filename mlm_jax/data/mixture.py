@@ -1,0 +1,281 @@
+"""Weighted mixtures of corpora (config.data.sources): the members, and which rows a run draws.
+
+`config.data.sources` is a list of corpora, each a dict:
+
+  {'corpus': 'domain/*.jsonl', 'weight': 0.8}
+  {'corpus': 'general/*.parquet', 'weight': 0.2, 'max_epochs': 4, 'name': 'general'}
+
+with any of corpus, tfds_name, tfds_data_dir, split, text_key, ids_key and
+document_split (missing ones come from config.data), a weight > 0, an
+optional cap on the epochs of it a run may draw (0: none) and an optional
+name for the reports (default: source0, source1, ...). All members are
+prepared into one data dir, with one tokenizer, each into its own train and
+validation rows.
+
+Which row a run draws at global stream position r (step s holds positions
+sB .. sB+B-1) is a function of (seed, r) alone, so a resumed run is
+bit-identical and any number of processes draws the same global batch. The
+members take the positions as a nested low-discrepancy sequence: member 0
+gets position m iff floor(f0 (m+1) + p0) > floor(f0 m + p0), with f0 its
+share of the weights and p0 a seeded phase in [0, 1); the positions it does
+not take go on, renumbered, to member 1 with f1 its share of what is left,
+and so on. Every window of positions then holds each member's share to within
+a row per member, and how many rows each member has given up to any position
+is a closed form, so a member's k-th row is found without replaying the run.
+A member's k-th row is row k of its own stream: its train rows repeated,
+shuffled anew each epoch (pipeline.stream_to_source). A member that reaches
+its epoch cap drops out, and the others share its positions by their weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import zlib
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from mlm_jax.config_check import ConfigError
+from mlm_jax.config_check import require
+
+# Fields of a member that say what corpus it is (missing ones: config.data's).
+CORPUS_FIELDS = ('corpus', 'tfds_name', 'tfds_data_dir', 'split', 'text_key', 'ids_key',
+                 'document_split')
+# Fields of a member that say how it is drawn and reported.
+DRAW_FIELDS = ('weight', 'max_epochs', 'name')
+_NAME = re.compile(r'^[A-Za-z0-9_.-]+$')
+# Shares are fractions of 2**_BITS: exact integer arithmetic for positions below 2**40.
+_BITS = 22
+_ONE = 1 << _BITS
+# Positions a run can reach (pipeline.train_batches stops near 2**40 rows).
+_END = 1 << 41
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+  """One corpus of a mixture: its name, weight, epoch cap (0: none) and config.data section."""
+  name: str
+  weight: float
+  max_epochs: float
+  data: ml_collections.ConfigDict
+
+
+def members(data: ml_collections.ConfigDict) -> list[Member]:
+  """config.data.sources as Members (each with its own config.data); [] without a mixture."""
+  out = []
+  for k, entry in enumerate(data.get('sources') or ()):
+    entry = dict(entry)
+    section = ml_collections.ConfigDict(data.to_dict())
+    del section['sources']
+    for key in CORPUS_FIELDS:
+      if key in entry:
+        section[key] = entry[key]
+    if 'corpus' in entry and 'tfds_name' not in entry:
+      section.tfds_name = ''
+    if 'tfds_name' in entry and 'corpus' not in entry:
+      section.corpus = ''
+    out.append(Member(str(entry.get('name') or f'source{k}'), float(entry['weight']),
+                      float(entry.get('max_epochs', 0)), section))
+  return out
+
+
+def check_config(data: ml_collections.ConfigDict) -> None:
+  """ConfigError for an invalid config.data.sources (not its paths: see corpus.check)."""
+  sources = data.get('sources') or ()
+  if not sources:
+    return
+  require(not data.corpus and not data.tfds_name,
+          'config.data.sources and config.data.corpus (or tfds_name) are both set; name the '
+          'corpora in config.data.sources only, or give one config.data.corpus.')
+  require(isinstance(sources, (list, tuple)),
+          f'config.data.sources={sources!r} must be a list of dicts, e.g. '
+          "({'corpus': 'a/*.jsonl', 'weight': 0.8}, {'corpus': 'b.parquet', 'weight': 0.2}).")
+  names = []
+  for k, entry in enumerate(sources):
+    field = f'config.data.sources[{k}]'
+    require(isinstance(entry, (dict, ml_collections.ConfigDict)),
+            f"{field}={entry!r} must be a dict such as {{'corpus': 'a/*.jsonl', 'weight': 0.5}}.")
+    entry = dict(entry)
+    unknown = sorted(set(entry) - set(CORPUS_FIELDS) - set(DRAW_FIELDS))
+    require(not unknown, f'{field} has unknown fields {unknown}; its fields are '
+            f'{sorted(CORPUS_FIELDS + DRAW_FIELDS)}.')
+    require('weight' in entry, f"{field} has no 'weight'; give each source a weight > 0.")
+    weight = entry['weight']
+    require(isinstance(weight, (int, float)) and not isinstance(weight, bool)
+            and math.isfinite(weight) and weight > 0,
+            f'{field}.weight={weight!r} must be a number > 0 (weights are relative: 0.8 and 0.2, '
+            'or 4 and 1, draw the same mixture).')
+    cap = entry.get('max_epochs', 0)
+    require(isinstance(cap, (int, float)) and not isinstance(cap, bool)
+            and math.isfinite(cap) and cap >= 0,
+            f'{field}.max_epochs={cap!r} must be a number >= 0 (0: no cap).')
+    require(not (entry.get('corpus') and entry.get('tfds_name')),
+            f'{field} sets both corpus and tfds_name; set one of them.')
+    name = str(entry.get('name') or f'source{k}')
+    require(bool(_NAME.match(name)),
+            f'{field}.name={name!r} may hold only letters, digits, _, . and - (it names the '
+            "source's figures in the log).")
+    require(name not in names, f'{field}.name={name!r} names two sources; give each its own.')
+    names.append(name)
+
+
+def _phase(seed: int, phase: int, level: int) -> int:
+  """A seeded offset in [0, _ONE) of one level of one phase."""
+  return zlib.crc32(f'{seed}:{phase}:{level}'.encode()) % _ONE
+
+
+@dataclasses.dataclass(frozen=True)
+class _Phase:
+  start: int                 # First global position of the phase.
+  active: tuple[int, ...]    # Members drawn in it, in order.
+  shares: tuple[int, ...]    # Per level: the member's share of what reaches it, of _ONE.
+  offsets: tuple[int, ...]   # Per level: its seeded phase, of _ONE.
+  before: tuple[int, ...]    # Per member: rows drawn before the phase.
+
+
+class Mixture:
+  """Global stream positions -> rows of the members' train splits, drawn by weight.
+
+  `rows[k]`: member k's train rows; they sit at flat indices offsets[k] ..
+  offsets[k] + rows[k] - 1 of the reader that holds all members' rows one
+  after another. `max_epochs[k]` > 0 caps the rows member k gives at
+  max_epochs[k] * rows[k]. Pickles small: grain's worker processes get it.
+  """
+
+  def __init__(self, weights: list[float], rows: list[int], seed: int,
+               max_epochs: list[float] | None = None):
+    self.rows = np.asarray(rows, np.int64)
+    self.offsets = np.concatenate([[0], np.cumsum(self.rows)[:-1]]).astype(np.int64)
+    self.seed = seed
+    self.weights = np.asarray(weights, np.float64) / sum(weights)
+    caps = max_epochs or [0.0] * len(rows)
+    self.caps = [int(c * n) if c > 0 else None for c, n in zip(caps, rows)]
+    self.phases: list[_Phase] = []
+    self.end: int | None = None  # Where every member has reached its cap, if all have one.
+    start, active, before = 0, [k for k in range(len(rows)) if self.caps[k] != 0], [0] * len(rows)
+    while active:
+      phase = self._make_phase(len(self.phases), start, active, before)
+      self.phases.append(phase)
+      capped = [k for k in active if self.caps[k] is not None]
+      if not capped:
+        break
+      # The first position at which an active member reaches its cap ends the phase.
+      length = min(self._reach(phase, k, self.caps[k] - before[k]) for k in capped)
+      if length >= _END:
+        break  # No capped member gets drawn (a weight that rounds to nothing).
+      counts = self._phase_counts(phase, length)
+      before = [b + counts.get(k, 0) for k, b in enumerate(before)]
+      active = [k for k in active if self.caps[k] is None or before[k] < self.caps[k]]
+      start += length
+    if not active:
+      self.end = start
+
+  def _make_phase(self, index: int, start: int, active: list[int], before: list[int]) -> _Phase:
+    w = self.weights[active]
+    left = np.cumsum(w[::-1])[::-1]  # What reaches each level.
+    shares = tuple(int(round(_ONE * a / b)) for a, b in zip(w[:-1], left[:-1])) + (_ONE,)
+    offsets = tuple(_phase(self.seed, index, j) for j in range(len(active)))
+    return _Phase(start, tuple(active), shares, offsets, tuple(before))
+
+  @staticmethod
+  def _levels(phase: _Phase, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions q [n] within a phase -> (level that takes each, its index at that level)."""
+    q = np.asarray(q, np.int64)
+    level = np.full(q.shape, len(phase.active) - 1, np.int64)
+    index = q.copy()
+    m = q.copy()
+    undecided = np.ones(q.shape, bool)
+    for j, (share, offset) in enumerate(zip(phase.shares[:-1], phase.offsets)):
+      taken_before = (share * m + offset) >> _BITS
+      takes = undecided & (((share * (m + 1) + offset) >> _BITS) > taken_before)
+      level[takes], index[takes] = j, taken_before[takes]
+      m = np.where(undecided & ~takes, m - taken_before, m)
+      undecided &= ~takes
+    index[undecided] = m[undecided]
+    return level, index
+
+  @staticmethod
+  def _phase_counts(phase: _Phase, length: int) -> dict[int, int]:
+    """{member: rows it gives} in the first `length` positions of a phase."""
+    counts, m = {}, length
+    for k, share, offset in zip(phase.active, phase.shares, phase.offsets):
+      taken = (share * m + offset) >> _BITS if share < _ONE else m
+      counts[k] = taken
+      m -= taken
+    return counts
+
+  def _reach(self, phase: _Phase, member: int, rows: int) -> int:
+    """The fewest positions of a phase in which `member` gives `rows` rows (_END: never)."""
+    lo, hi = 0, _END
+    while lo < hi:
+      mid = (lo + hi) // 2
+      if self._phase_counts(phase, mid)[member] >= rows:
+        hi = mid
+      else:
+        lo = mid + 1
+    return lo
+
+  def draw(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Global stream positions [n] -> (member [n], the member's row count before it [n])."""
+    positions = np.asarray(positions, np.int64)
+    if self.end is not None and positions.size and positions.max() >= self.end:
+      raise ValueError(f'position {int(positions.max())} is past the {self.end} rows the epoch '
+                       'caps of config.data.sources allow')
+    starts = np.array([p.start for p in self.phases], np.int64)
+    which = np.searchsorted(starts, positions, 'right') - 1
+    member = np.empty_like(positions)
+    drawn = np.empty_like(positions)
+    for i in np.unique(which):
+      phase, here = self.phases[i], which == i
+      level, index = self._levels(phase, positions[here] - phase.start)
+      active = np.asarray(phase.active, np.int64)
+      member[here] = active[level]
+      drawn[here] = index + np.asarray(phase.before, np.int64)[active[level]]
+    return member, drawn
+
+  def __call__(self, positions: np.ndarray, shuffle: Any) -> np.ndarray:
+    """Global stream positions [n] -> flat row indices [n] into all members' train rows.
+
+    `shuffle(stream positions, num_rows, seed)`: a member's stream order
+    (pipeline.stream_to_source), seeded per member.
+    """
+    member, drawn = self.draw(positions)
+    out = np.empty_like(drawn)
+    for k in np.unique(member):
+      here = member == k
+      out[here] = self.offsets[k] + shuffle(drawn[here], int(self.rows[k]), self.member_seed(k))
+    return out
+
+  def member_seed(self, k: int) -> int:
+    return (self.seed + (k + 1) * 1_000_003) % 2**32
+
+  def rows_drawn(self, position: int) -> np.ndarray:
+    """[K] rows each member gave in global positions [0, position)."""
+    out = np.zeros(len(self.rows), np.int64)
+    for phase, nxt in zip(self.phases, [p.start for p in self.phases[1:]] + [None]):
+      if position <= phase.start:
+        break
+      length = position - phase.start if nxt is None else min(position, nxt) - phase.start
+      for k, c in self._phase_counts(phase, length).items():
+        out[k] += c
+    return out
+
+  @property
+  def max_rows(self) -> int | None:
+    """The rows a run can draw before every member reaches its cap; None: no limit."""
+    return self.end
+
+
+def check_steps(mix: Mixture, num_steps: int, global_batch: int, names: list[str]) -> None:
+  """ConfigError when the epoch caps end the mixture before config.train.num_steps."""
+  if mix.max_rows is None or num_steps * global_batch <= mix.max_rows:
+    return
+  caps = ', '.join(f'{n}: {c / r:g} epochs of {r:,} rows' for n, c, r in
+                   zip(names, mix.caps, mix.rows) if c)
+  raise ConfigError(
+      f'The epoch caps of config.data.sources ({caps}) allow {mix.max_rows:,} rows, '
+      f'{mix.max_rows // global_batch:,} steps of {global_batch}, but config.train.num_steps='
+      f'{num_steps:,}: raise a max_epochs, give a source no cap (0), or train fewer steps.')

@@ -1,0 +1,219 @@
+"""Weighted mixtures of corpora: the draw, its config checks, training, resume, reports."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from mlm_jax import configuration as config_lib
+from mlm_jax.data import corpus
+from mlm_jax.data import masking
+from mlm_jax.data import mixture
+from mlm_jax.data import pipeline
+from mlm_jax.data import prepare
+from mlm_jax.training import loop as trainer
+from mlm_jax.training import preemption
+from tests.conftest import REPO
+from tests.conftest import micro_config
+from tests.conftest import write_config_file
+from tests.test_train import _params
+from tests.test_train import _records
+
+DOCS = [re.sub(r'\n\s*\n', '\n', d) for d, _ in zip(corpus.stdlib_docstrings(), range(600))]
+
+
+def test_rows_are_drawn_in_the_weights_ratio_by_position_alone():
+  mix = mixture.Mixture([0.8, 0.2], [500, 300], seed=3)
+  batch, steps = 16, 500
+  member, drawn = mix.draw(np.arange(batch * steps))
+  per_step = np.bincount(np.repeat(np.arange(steps), batch), weights=member == 1,
+                         minlength=steps)
+  # Tolerance: every batch holds each source's share of its rows to within one row.
+  assert np.all(np.abs(per_step - 0.2 * batch) <= 1)
+  assert abs((member == 1).mean() - 0.2) < 1 / (batch * steps) + 1e-12
+  # A member's k-th row is its k-th draw; the closed-form counts agree with the draw.
+  for k in (0, 1):
+    np.testing.assert_array_equal(drawn[member == k], np.arange((member == k).sum()))
+  np.testing.assert_array_equal(mix.rows_drawn(batch * steps), np.bincount(member))
+  # Any slice of positions, in any order, draws the same (processes, resumes).
+  positions = np.random.default_rng(0).permutation(batch * steps)[:700]
+  np.testing.assert_array_equal(mix.draw(positions)[0], member[positions])
+  flat = mix(np.arange(batch * steps), shuffle=pipeline.stream_to_source)
+  np.testing.assert_array_equal(mix(positions, shuffle=pipeline.stream_to_source),
+                                flat[positions])
+  # Each epoch of a member is a permutation of its rows (flat indices offset per member).
+  first_epoch = flat[member == 1][:300]
+  assert sorted(first_epoch) == list(range(500, 800))
+  assert not np.array_equal(mixture.Mixture([0.8, 0.2], [500, 300], seed=4).draw(
+      np.arange(100))[0], member[:100])                    # The seed moves the pattern.
+
+
+def test_an_epoch_cap_ends_a_member_and_the_others_take_its_share():
+  mix = mixture.Mixture([0.5, 0.3, 0.2], [40, 30, 20], seed=0, max_epochs=[0, 2, 1])
+  member, drawn = mix.draw(np.arange(2000))
+  counts = np.bincount(member, minlength=3)
+  assert counts[1] == 60 and counts[2] == 20                 # 2 epochs of 30, 1 of 20.
+  assert counts[0] == 2000 - 80 and mix.max_rows is None
+  last = max(np.flatnonzero(member == 1)[-1], np.flatnonzero(member == 2)[-1])
+  assert np.all(member[last + 1:] == 0)
+  # Before the first cap, the three share the rows by weight.
+  head = member[:100]
+  assert abs((head == 0).mean() - 0.5) <= 0.02 and abs((head == 2).mean() - 0.2) <= 0.02
+  # When every member is capped, the mixture has an end and a run past it is refused early.
+  capped = mixture.Mixture([1, 1], [10, 10], seed=0, max_epochs=[1, 3])
+  assert capped.max_rows == 40
+  with pytest.raises(ValueError, match='past the 40 rows'):
+    capped.draw(np.array([40]))
+  with pytest.raises(config_lib.ConfigError, match=r'allow 40 rows, 5 steps of 8.*num_steps=6'):
+    mixture.check_steps(capped, 6, 8, ['a', 'b'])
+  mixture.check_steps(capped, 5, 8, ['a', 'b'])
+
+
+@pytest.mark.parametrize('sources, message', [
+    (({'corpus': 'a', 'weight': 0},), r'sources\[0\].weight=0 must be a number > 0'),
+    (({'corpus': 'a', 'weight': float('nan')},), r'weight=nan must be'),
+    (({'corpus': 'a'},), r"sources\[0\] has no 'weight'"),
+    (({'corpus': 'a', 'weight': 1, 'wieght': 2},), r"unknown fields \['wieght'\]"),
+    (({'corpus': 'a', 'weight': 1, 'max_epochs': -1},), r'max_epochs=-1 must be'),
+    (({'corpus': 'a', 'weight': 1, 'name': 'x'}, {'corpus': 'b', 'weight': 1, 'name': 'x'}),
+     r"name='x' names two sources"),
+    (({'corpus': 'a', 'weight': 1, 'name': 'a b'},), r"name='a b' may hold only"),
+    (('a.txt',), r'must be a dict'),
+])
+def test_an_invalid_mixture_is_one_line_naming_the_field(tmp_path, sources, message):
+  config = micro_config('', str(tmp_path / 'data'))
+  config.data.sources = sources
+  with pytest.raises(config_lib.ConfigError, match=message) as raised:
+    config_lib.validate(config, check_paths=False)
+  assert '\n' not in str(raised.value)
+
+
+def test_a_mixture_with_a_corpus_or_a_missing_member_is_refused(tmp_path):
+  (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS[:10]))
+  config = micro_config(str(tmp_path / 'a.txt'), str(tmp_path / 'data'))
+  config.data.sources = ({'corpus': str(tmp_path / 'a.txt'), 'weight': 1},)
+  with pytest.raises(config_lib.ConfigError, match='sources and config.data.corpus'):
+    config_lib.validate(config)
+  config.data.corpus = ''
+  config.data.sources = ({'corpus': str(tmp_path / 'a.txt'), 'weight': 1},
+                         {'corpus': str(tmp_path / 'none.txt'), 'weight': 1})
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"config.data.sources\[1\].corpus=.*none.txt': no such file"):
+    config_lib.validate(config)
+
+
+def _mixture_config(tmp_path, **train):
+  """Two sources: 'domain' (jsonl) at 0.8 and 'general' (text) at 0.2."""
+  (tmp_path / 'domain.jsonl').write_text(
+      ''.join(json.dumps({'text': d}) + '\n' for d in DOCS[:300]))
+  (tmp_path / 'general.txt').write_text('\n\n'.join(DOCS[300:]))
+  config = micro_config('', str(tmp_path / 'data'))
+  config.data.sources = (
+      {'corpus': str(tmp_path / 'domain.jsonl'), 'weight': 0.8, 'name': 'domain'},
+      {'corpus': str(tmp_path / 'general.txt'), 'weight': 0.2, 'name': 'general'})
+  config.data.num_workers = 1
+  for k, v in train.items():
+    config.train[k] = v
+  return config
+
+
+def _unmasked(batch: dict) -> np.ndarray:
+  """The rows a batch was masked from: its input ids with the masked slots' targets put back."""
+  rows = batch['input_ids'].copy()
+  r, s = np.nonzero(batch['masked_weights'])
+  rows[r, batch['masked_positions'][r, s]] = batch['masked_ids'][r, s]
+  return rows
+
+
+@pytest.mark.slow
+def test_a_mixture_trains_in_its_ratio_resumes_exactly_and_reports_per_source(tmp_path):
+  config = _mixture_config(tmp_path, num_steps=10, log_every=2, eval_every=5,
+                           checkpoint_every=5)
+  config_lib.validate(config)
+  data = prepare.prepare(config)
+  assert data.num_parts == 2 and data.part_names == ('domain', 'general')
+  parts = data.stats['parts']
+  assert parts[0]['train']['documents'] + parts[0]['validation']['documents'] == 300
+  assert data.stats['train']['rows'] == parts[0]['train']['rows'] + parts[1]['train']['rows']
+  # The batches hold rows of each source in the weights' ratio (each row found among the
+  # source's own rows), the same for 1 and 2 processes.
+  sets = [{row.tobytes() for row in data.source('train', k).read(
+      np.arange(len(data.source('train', k))))} for k in (0, 1)]
+  from mlm_jax.training import mixture_run
+  run = mixture_run.for_run(config, data, 0, {})
+  masker = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
+  kwargs = dict(global_batch=16, seed=config.seed, order=run.order)
+  one = pipeline.train_batches(data.source('train'), masker, **kwargs)
+  halves = [pipeline.train_batches(data.source('train'), masker, process_index=p,
+                                   process_count=2, **kwargs) for p in (0, 1)]
+  general = 0
+  for _ in range(100):
+    batch = next(one)
+    rows = _unmasked(batch)
+    in_general = np.array([row.tobytes() in sets[1] for row in rows])
+    assert all(row.tobytes() in sets[0] for row in rows[~in_general])
+    assert abs(in_general.sum() - 0.2 * 16) <= 1
+    general += in_general.sum()
+    split = [next(h) for h in halves]
+    np.testing.assert_array_equal(batch['input_ids'],
+                                  np.concatenate([s['input_ids'] for s in split]))
+  assert abs(general / 1600 - 0.2) <= 0.001
+  for it in [one, *halves]:
+    it.close()
+
+  # Train 10 steps, stopped by SIGTERM after step 3 and run again: bit-identical to a
+  # run that never stopped.
+  whole = str(tmp_path / 'whole')
+  trainer.train_and_evaluate(config, whole)
+  stopped = str(tmp_path / 'stopped')
+  old = preemption._TEST_SIGNAL
+  preemption._TEST_SIGNAL = (signal.SIGTERM, 'step', 3)
+  try:
+    assert trainer.train_and_evaluate(config, stopped)['step'] == 3
+  finally:
+    preemption._TEST_SIGNAL = old
+  assert trainer.train_and_evaluate(config, stopped)['step'] == 10
+  for a, b in zip(jax.tree_util.tree_leaves(_params(whole, 10, config)),
+                  jax.tree_util.tree_leaves(_params(stopped, 10, config))):
+    np.testing.assert_array_equal(a, b)
+  records = {r['step']: r for r in _records(whole) if 'loss' in r}
+  resumed = {r['step']: r for r in _records(stopped) if 'loss' in r}
+  for step in (2, 4, 6, 8, 10):
+    r = records[step]
+    assert r['tokens_seen/domain'] + r['tokens_seen/general'] == r['tokens_seen']
+    assert r['epochs_seen/general'] == pytest.approx(
+        run.mix.rows_drawn(step * 16)[1] / run.mix.rows[1])
+    for key in ('tokens_seen/domain', 'tokens_seen/general', 'epochs_seen/domain'):
+      assert resumed[step][key] == r[key], (step, key)
+  evals = [r for r in _records(whole) if 'eval_loss' in r]
+  assert {'eval_mask_accuracy/domain', 'eval_mask_accuracy/general',
+          'eval_loss/domain', 'eval_mask_accuracy'} <= set(evals[-1])
+  summary = json.loads((tmp_path / 'whole' / 'summary.json').read_text())
+  assert 'eval_mask_accuracy/general' in summary
+
+
+@pytest.mark.slow
+def test_a_mixture_given_on_the_command_line_trains_and_prints_each_source(tmp_path):
+  config = _mixture_config(tmp_path)
+  config_file = write_config_file(tmp_path / 'c.py', '', str(tmp_path / 'data'), num_steps=4,
+                                  log_every=2, eval_every=4, checkpoint_every=4)
+  sources = repr(tuple(dict(s) for s in config.data.sources))
+  out = subprocess.run([sys.executable, '-m', 'mlm_jax.train', f'--config={config_file}',
+                        f'--workdir={tmp_path / "run"}', f'--config.data.sources={sources}'],
+                       cwd=REPO, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert re.search(r'by source at \[MASK\] slots: domain [\d.]+, general [\d.]+', out.stdout)
+  assert 'tokens_seen/general=' in out.stderr
+  bad = subprocess.run([sys.executable, '-m', 'mlm_jax.train', f'--config={config_file}',
+                        f'--workdir={tmp_path / "bad"}',
+                        "--config.data.sources=({'corpus': 'x', 'weight': -1},)"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert bad.returncode == 2 and 'weight=-1 must be a number > 0' in bad.stderr
+  assert not (tmp_path / 'bad').exists()
