@@ -132,6 +132,9 @@ def test_auto_picks_per_platform_and_says_why_it_hands_a_call_on():
   kernel, why = _choose(gpu, documents=True)
   assert kernel == 'blocked' and 'not document ids' in why
   assert _choose(tpu) == ('splash', '') and _choose(tpu, local=True, documents=True)[0] == 'splash'
+  # Short global rows without documents (BERT's) stay with XLA's fused attention.
+  assert _choose(tpu, q_len=512, kv_len=512) == ('dot_product', '')
+  assert _choose(tpu, q_len=512, kv_len=512, documents=True) == ('splash', '')
   kernel, why = _choose(tpu, local=True, contiguous=False)
   assert kernel == 'blocked' and 'DropToken' in why
   kernel, why = _choose(tpu, rows=True, q_len=154)
@@ -252,3 +255,45 @@ def test_blocked_model_trains_as_the_dense_one(drop_token_rate, documents):
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
                          got_grads, want_grads)
 
+
+
+@pytest.mark.slow
+def test_the_tiny_modernbert_trains_on_rows_of_2048_tokens_within_a_few_gib(tmp_path):
+  """configs/tiny.py at T=2,048 with documents apart, as a command on one CPU device: the local
+  layers run banded, the step trains, and the process stays within 4 GiB."""
+  import os
+  import subprocess
+  import sys
+
+  from tests.conftest import REPO
+  env = dict(os.environ, XLA_FLAGS='')          # One device: the rows of a laptop run.
+  # The command, reporting its own peak resident memory as it exits (VmHWM: this
+  # process's, from its exec on; ru_maxrss would count the forked test process).
+  wrapper = ('import atexit, runpy, sys\n'
+             'def peak():\n'
+             '  line = [x for x in open("/proc/self/status") if x.startswith("VmHWM")][0]\n'
+             '  print("peak resident memory:", int(line.split()[1]) * 1024, file=sys.stderr)\n'
+             'atexit.register(peak)\n'
+             'sys.argv[0] = "mlm_jax.train"\n'
+             'runpy.run_module("mlm_jax.train", run_name="__main__", alter_sys=True)\n')
+  command = [sys.executable, '-c', wrapper, '--config=configs/tiny.py',
+             f'--workdir={tmp_path / "run"}', f'--config.data.data_dir={tmp_path / "data"}',
+             '--config.data.seq_len=2048', '--config.model.max_position_embeddings=2048',
+             '--config.model.document_mask=True', '--config.train.batch_size=4',
+             '--config.eval.batch_size=4', '--config.eval.max_batches=2',
+             '--config.train.num_steps=6', '--config.train.warmup_steps=2',
+             '--config.train.log_every=3', '--config.train.eval_every=6',
+             '--config.train.checkpoint_every=6']
+  log = tmp_path / 'log.txt'
+  with open(log, 'w') as out:
+    code = subprocess.run(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                          timeout=900, check=False).returncode
+  text = log.read_text()
+  assert code == 0, text[-3000:]
+  assert 'local layers 1, 2: blocked XLA' in text
+  peak = int(text.split('peak resident memory:')[1].split()[0])
+  assert peak < 4 * 2**30, f'peak resident memory {peak / 2**30:.2f} GiB'
+  import json
+  with open(tmp_path / 'run' / 'metrics.jsonl') as f:
+    losses = [r['loss'] for r in map(json.loads, f) if 'loss' in r]
+  assert len(losses) == 2 and all(np.isfinite(losses))

@@ -108,7 +108,8 @@ def test_bad_input_is_refused_before_anything_trains(prepared, tmp_path):
   config = _config(prepared, 'bert')
   for field, value, message in (('train.grad_accum_steps', 2, 'grad_accum_steps=1'),
                                 ('sentence_pair.task', 'nsp', 'sentence_pair.task=none'),
-                                ('init.hf_dir', '/x', 'hf_dir')):
+                                ('init.hf_dir', '/x', 'hf_dir'),
+                                ('model.document_mask', True, 'document_mask=False')):
     bad = config.copy_and_resolve_references()
     section, name = field.split('.')
     bad[section][name] = value

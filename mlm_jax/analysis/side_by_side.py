@@ -54,6 +54,10 @@ def check(config: ml_collections.ConfigDict, seeds: Sequence[int]) -> None:
   require(config.sentence_pair.task == 'none',
           "the side-by-side compares the MLM objective only: set "
           "--config.sentence_pair.task=none.")
+  for field in ('document_mask', 'restart_positions'):
+    require(not config.model[field],
+            f"Hugging Face's model attends across a packed row's documents and counts positions "
+            f'from its start: set --config.model.{field}=False for the comparison.')
   require(config.train.grad_accum_steps == 1,
           'the Hugging Face side steps once per batch: set --config.train.grad_accum_steps=1.')
   require(jax.process_count() == 1, 'the side-by-side runs in one process.')

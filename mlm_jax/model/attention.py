@@ -49,6 +49,9 @@ from mlm_jax.model.config import ModelConfig
 QUERY_CHUNK = 512
 # Splash attention's tiles: rows must divide into them.
 SPLASH_BLOCK = 128
+# 'auto' on TPUs: a global layer without document ids on shorter rows stays
+# with XLA's fused attention (BERT's T=128 and 512).
+SPLASH_FROM = 1024
 # The blocked kernel pays 3 key blocks per query block: below this many
 # blocks per row, the dense mask costs no more.
 MIN_BLOCKS = 4
@@ -134,7 +137,8 @@ def requested(cfg: ModelConfig, local: bool) -> str:
   """The kernel config.model.attention asks for in a global or a local layer.
 
   'auto': with attention dropout, ours in a global layer and 'blocked' in a
-  local one (the two with dropout); else splash attention on TPUs, cuDNN's
+  local one (the two with dropout); else splash attention on TPUs (`choose`
+  keeps short global rows without documents on 'dot_product'), cuDNN's
   fused kernel in 16-bit on GPUs for global layers and 'blocked' for local
   ones, and on CPUs 'xla' for global layers, 'blocked' for local ones.
   """
@@ -187,6 +191,8 @@ def choose(cfg: ModelConfig, *, local: bool, q_len: int, kv_len: int, rows: bool
                                f'queries, {kv_len} keys)')
     return 'cudnn', ''
   if kernel == 'splash':
+    if cfg.attention == 'auto' and not local and not documents and kv_len < SPLASH_FROM:
+      return 'dot_product', ''
     if rows:
       return _blocked_or_dense(cfg, window, q_len, kv_len, rows, dropout,
                                "splash attention's masks are static and these queries are "

@@ -323,7 +323,9 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
         model_cfg, seq_len,
         seq_len if model_cfg.variant != 'modern' else config.masking.max_predictions,
         last_block_rows=seq_len)
-    summary['note'] = _HF_HEAD_NOTE[model_cfg.variant]
+    summary['note'] = _HF_HEAD_NOTE[model_cfg.variant] + (
+        ' Ours keeps the packed documents of a row apart (model.document_mask); HF attends '
+        'across them.' if model_cfg.document_mask else '')
     result[key] = summary
     result.update(_ratios(result['ours'], summary, physical_devices, PEERS[key]))
   if peers:
