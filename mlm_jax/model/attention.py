@@ -179,14 +179,14 @@ def choose(cfg: ModelConfig, *, local: bool, q_len: int, kv_len: int, rows: bool
   window = cfg.local_attention // 2 if local else None
   if kernel == 'cudnn':
     if local:
-      return _blocked_or_dense(cfg, window, q_len, kv_len, rows, dropout,
+      return _blocked_or_dense(window, q_len, kv_len, rows, dropout,
                                "cuDNN's fused kernel has no two-sided window")
     if documents:
-      return _blocked_or_dense(cfg, window, q_len, kv_len, rows, dropout,
+      return _blocked_or_dense(window, q_len, kv_len, rows, dropout,
                                "jax.nn.dot_product_attention's cuDNN path takes row lengths, "
                                'not document ids')
     if q_len % 2 or kv_len % 2:
-      return _blocked_or_dense(cfg, window, q_len, kv_len, rows, dropout,
+      return _blocked_or_dense(window, q_len, kv_len, rows, dropout,
                                f"cuDNN's fused kernel trains on even lengths only ({q_len} "
                                f'queries, {kv_len} keys)')
     return 'cudnn', ''
@@ -194,25 +194,25 @@ def choose(cfg: ModelConfig, *, local: bool, q_len: int, kv_len: int, rows: bool
     if cfg.attention == 'auto' and not local and not documents and kv_len < SPLASH_FROM:
       return 'dot_product', ''
     if rows:
-      return _blocked_or_dense(cfg, window, q_len, kv_len, rows, dropout,
+      return _blocked_or_dense(window, q_len, kv_len, rows, dropout,
                                "splash attention's masks are static and these queries are "
                                'the masked slots')
     if local and not contiguous:
-      return _blocked_or_dense(cfg, window, q_len, kv_len, rows, dropout,
+      return _blocked_or_dense(window, q_len, kv_len, rows, dropout,
                                "DropToken moved the tokens: splash's static window would "
                                'not follow their positions')
     if q_len % SPLASH_BLOCK or kv_len % SPLASH_BLOCK:
-      return _blocked_or_dense(cfg, window, q_len, kv_len, rows, dropout,
+      return _blocked_or_dense(window, q_len, kv_len, rows, dropout,
                                f'{q_len} tokens do not divide into splash blocks of '
                                f'{SPLASH_BLOCK}')
     return 'splash', ''
   if kernel == 'blocked':
-    return _blocked_or_dense(cfg, window, q_len, kv_len, rows, dropout, '')
+    return _blocked_or_dense(window, q_len, kv_len, rows, dropout, '')
   return kernel, ''
 
 
-def _blocked_or_dense(cfg: ModelConfig, window: int | None, q_len: int, kv_len: int,
-                      rows: bool, dropout: bool, why: str) -> tuple[str, str]:
+def _blocked_or_dense(window: int | None, q_len: int, kv_len: int, rows: bool, dropout: bool,
+                      why: str) -> tuple[str, str]:
   """'blocked' where it saves memory over a dense mask, else 'xla'; with the reason."""
   if window is not None and not rows:
     if kv_len >= MIN_BLOCKS * window:
