@@ -141,8 +141,11 @@ def test_auto_picks_per_platform_and_says_why_it_hands_a_call_on():
   assert kernel == 'xla' and 'masked slots' in why
   kernel, why = _choose(tpu, q_len=1100, kv_len=1100)
   assert kernel == 'blocked' and 'do not divide into splash blocks of 128' in why
-  assert _choose(cpu) == ('xla', '') and _choose(cpu, local=True) == ('blocked', '')
-  assert _choose(cpu, q_len=4096, kv_len=4096) == ('xla', '')   # 'auto' keeps ours on CPUs.
+  assert _choose(cpu, local=True) == ('blocked', '')
+  # On CPUs global layers run ours over a dense mask on short rows, in query chunks on long ones.
+  kernel, why = _choose(cpu, q_len=128, kv_len=128)
+  assert kernel == 'xla' and 'small' in why
+  assert _choose(cpu, q_len=4096, kv_len=4096) == ('blocked', '')
   kernel, why = _choose(cpu, local=True, q_len=24, kv_len=24)
   assert kernel == 'xla' and 'covers most' in why
   # Attention dropout: only ours and the banded kernel apply it.

@@ -140,7 +140,10 @@ def requested(cfg: ModelConfig, local: bool) -> str:
   local one (the two with dropout); else splash attention on TPUs (`choose`
   keeps short global rows without documents on 'dot_product'), cuDNN's
   fused kernel in 16-bit on GPUs for global layers and 'blocked' for local
-  ones, and on CPUs 'xla' for global layers, 'blocked' for local ones.
+  ones, and 'blocked' on CPUs, which `choose` turns into ours over a dense
+  mask where the scores are small (under CHUNK_FROM per row and head: the
+  quick start's rows) and into query chunks above (faster on a CPU from
+  rows of 2,048 tokens, docs/long_context.md).
   """
   if cfg.attention != 'auto':
     return cfg.attention
@@ -151,7 +154,7 @@ def requested(cfg: ModelConfig, local: bool) -> str:
   if (cfg.platform == 'gpu' and not local
       and jnp.dtype(cfg.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))):
     return 'cudnn'
-  return 'blocked' if local else 'xla'
+  return 'blocked' if local or cfg.platform == 'cpu' else 'xla'
 
 
 def check_platform(cfg: ModelConfig) -> None:
