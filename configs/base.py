@@ -174,7 +174,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.attention = 'auto'
   # Keep packed documents apart: a token attends only to tokens of its own
   # document (document ids come from the row's [SEP]s). Not with
-  # sentence_pair.task, whose two segments must see each other.
+  # sentence_pair.task, whose two segments must see each other. Off: on the
+  # quick start it learned as much either way, and on GPUs it takes global
+  # layers off cuDNN's kernel; on, a model reads single documents better
+  # (docs/long_context.md).
   config.model.document_mask = False
   # Positions (position table, rotary angles) restart at 0 at each document's
   # first token in a packed row, instead of counting from the row's start.
