@@ -406,7 +406,7 @@ def write_shard(split: str, k: int, num_shards: int, r0: int, r1: int,
   if split_role(split) == 'train':
     counts = np.bincount(body.ravel(), minlength=tokenizer.vocab_size)
     counts[[specials.pad, specials.sep]] = 0  # Documents never hold either.
-    tmp = os.path.join(tmp_dir, f'counts-{k:05d}.npy')
+    tmp = os.path.join(tmp_dir, f'counts-{split}-{k:05d}-{os.getpid()}.npy')
     np.save(tmp, counts.astype(np.int64))
     os.replace(tmp, os.path.join(counts_dir, f'{split}-{k:05d}.npy'))
   tmp = os.path.join(tmp_dir, f'{split}-{k:05d}-{os.getpid()}.npy')
