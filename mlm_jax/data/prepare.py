@@ -479,10 +479,12 @@ def _tokenize_units(out: str, corpus: corpus_lib.Corpus, pool: packing.Pool,
   packing.remove_temporaries(units_dir)
   todo = [(i, u) for i, u in enumerate(corpus.units)
           if not os.path.isdir(os.path.join(units_dir, f'{i:06d}'))]
-  logging.info('Tokenizing %d of %d units of %s with %d workers', len(todo), len(corpus.units),
+  ids = all(s.pretokenized for s in corpus.sources)  # Nothing to tokenize.
+  logging.info('%s %d of %d units of %s with %d workers',
+               'Reading the token ids of' if ids else 'Tokenizing', len(todo), len(corpus.units),
                corpus.name, workers)
-  pool.run(packing.tokenize_unit, [(i, u, units_dir) for i, u in todo], 'tokenize',
-           len(corpus.units))
+  pool.run(packing.tokenize_unit, [(i, u, units_dir) for i, u in todo],
+           'read ids' if ids else 'tokenize', len(corpus.units))
   return len(todo)
 
 
