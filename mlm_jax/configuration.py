@@ -259,13 +259,6 @@ def saved_config(saved: dict[str, Any], where: str) -> ml_collections.ConfigDict
   """
   missing = _missing_fields(base.get_config().to_dict(), saved)
   filled = [m for m in missing if m in ADDED_FIELDS]
-  for name in filled:
-    section, key = name.split('.')
-    saved = {**saved, section: {**saved[section], key: ADDED_FIELDS[name]}}
-  if filled:
-    logging.info('%s predates %s: read as %s, what the run did.', where,
-                 ', '.join(f'config.{m}' for m in filled),
-                 ', '.join(f'{ADDED_FIELDS[m]!r}' for m in filled))
   missing = [m for m in missing if m not in ADDED_FIELDS]
   if missing:
     listed = ', '.join(f'config.{m}' for m in missing[:3])
@@ -273,7 +266,15 @@ def saved_config(saved: dict[str, Any], where: str) -> ml_collections.ConfigDict
     raise ConfigError(
         f'{where} was written by an older version of mlm_jax: it lacks {listed}{more}. Train '
         'again in a new --workdir (preparing the data again) rather than reuse it.')
-  return ml_collections.ConfigDict(saved)
+  config = ml_collections.ConfigDict(saved)
+  for name in filled:
+    section, key = name.split('.')
+    config[section][key] = ADDED_FIELDS[name]
+  if filled:
+    logging.info('%s predates %s: read as %s, what the run did.', where,
+                 ', '.join(f'config.{m}' for m in filled),
+                 ', '.join(f'{ADDED_FIELDS[m]!r}' for m in filled))
+  return config
 
 
 def _missing_fields(fields: dict[str, Any], saved: dict[str, Any], prefix: str = '') -> list[str]:
