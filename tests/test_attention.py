@@ -313,7 +313,7 @@ def test_the_tiny_modernbert_trains_on_rows_of_2048_tokens_within_a_few_gib(tmp_
                           timeout=900, check=False).returncode
   text = log.read_text()
   assert code == 0, text[-3000:]
-  assert 'local layers 1, 2: blocked (XLA' in text
+  assert 'local layers 1, 2: blocked (banded XLA)' in text
   peak = int(text.split('peak resident memory:')[1].split()[0])
   assert peak < 4 * 2**30, f'peak resident memory {peak / 2**30:.2f} GiB'
   import json

@@ -176,12 +176,12 @@ def _join(*reasons: str) -> str:
   return '; '.join(r for r in reasons if r)
 
 
-# What the log says of each kernel: its config name, then what it is.
-NAMES = {'dense': 'dense (ours, softmax over a dense mask)',
-         'jax_xla': "jax_xla (XLA, jax.nn.dot_product_attention(implementation='xla'))",
-         'cudnn': "cudnn (cuDNN's fused flash attention, row lengths)",
-         'splash': 'splash (Pallas splash attention, segment ids)',
-         'blocked': 'blocked (XLA, banded or in query chunks)'}
+# What the log says each kernel is, after its name ('blocked': `_what_it_is`).
+NAMES = {'dense': 'ours, softmax over a dense mask',
+         'jax_xla': "jax.nn.dot_product_attention(implementation='xla')",
+         'cudnn': "cuDNN's fused flash attention, row lengths",
+         'splash': 'Pallas splash attention, segment ids',
+         'blocked': 'XLA, banded or in query chunks'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +195,7 @@ class Choice:
   window: int | None   # Keys each side of a query; None: the whole row.
   q_len: int           # Queries and keys per row.
   kv_len: int
+  rows: bool = False   # The queries are chosen rows (the last block's), not every token.
 
 
 def plan(cfg: ModelConfig, seq_len: int, num_rows: int, training: bool = True
@@ -227,7 +228,7 @@ def plan(cfg: ModelConfig, seq_len: int, num_rows: int, training: bool = True
   local = is_local(cfg, last)
   out.append(Choice(f"last block (layer {last}, {'local' if local else 'global'}) at its "
                     f'{num_rows} output rows', kernel, why, (last,),
-                    cfg.local_attention // 2 if local else None, num_rows, t))
+                    cfg.local_attention // 2 if local else None, num_rows, t, rows=True))
   return out
 
 
@@ -241,15 +242,23 @@ def _span(layers: list[int]) -> str:
       f'{layers[0]}, {layers[1]}, ..., {layers[-1]} ({len(layers)})')
 
 
+def _what_it_is(c: Choice) -> str:
+  if c.kernel == 'blocked':
+    return 'banded XLA' if c.window is not None and not c.rows else 'XLA in query chunks'
+  return NAMES[c.kernel]
+
+
 def describe(cfg: ModelConfig, seq_len: int, num_rows: int) -> str:
-  """One line per kind of attention call of the train step: its kernel, and why."""
+  """One line per kind of attention call of the train step: its kernel's name (a value of
+  config.model.attention), what that kernel is, and why it was chosen when it was not asked for.
+  """
   window = (f', window {cfg.local_attention // 2} each side' if cfg.variant == 'modern' else '')
   head = (f'documents {"apart" if cfg.document_mask else "not kept apart"}'
           f'{", positions restart at each document" if cfg.restart_positions else ""}{window}')
   lines = [head]
   for c in plan(cfg, seq_len, num_rows):
-    line = f'{c.what}: {NAMES[c.kernel]}'
+    notes = [_what_it_is(c)]
     if c.kernel == 'dense' and cfg.attention_dropout_rate > 0:
-      line += f' (attention dropout {cfg.attention_dropout_rate})'
-    lines.append(line + (f' ({c.why})' if c.why else ''))
+      notes[0] += f', attention dropout {cfg.attention_dropout_rate}'
+    lines.append(f"{c.what}: {c.kernel} ({'; '.join(notes + ([c.why] if c.why else []))})")
   return '; '.join(lines)
