@@ -7,11 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import base
+from mlm_jax import configuration
 from mlm_jax import model as model_lib
 from mlm_jax.config_check import ConfigError
 from mlm_jax.data import masking
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.model import attention
+from mlm_jax.model import config as model_config_lib
 from tests.conftest import model_config
 
 B, T, N, H = 3, 300, 2, 8
@@ -173,9 +176,6 @@ def test_the_plan_names_every_kind_of_call():
 
 @pytest.mark.parametrize('old, new', [('xla', 'dense'), ('dot_product', 'jax_xla')])
 def test_a_run_saved_with_an_old_kernel_name_reads_as_the_new_one(old, new):
-  from configs import base
-  from mlm_jax import configuration
-  from mlm_jax.model import config as model_config_lib
   saved = base.get_config().to_dict()
   saved['model'] |= {'attention': old, 'attention_dropout_rate': 0.0, 'variant': 'modern'}
   saved['resolved'] = {'vocab_size': 60, 'padded_vocab_size': 128}
