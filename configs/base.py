@@ -163,12 +163,14 @@ def get_config() -> ml_collections.ConfigDict:
   # Compute dtype: 'auto' (float32 on CPU, bfloat16 on GPU/TPU), 'float32'
   # or 'bfloat16'. Parameters are always float32.
   config.model.dtype = 'auto'
-  # Attention kernel (model/attention.py): 'xla' (ours, dense mask),
-  # 'dot_product', 'cudnn' (NVIDIA GPUs, 16-bit), 'splash' (TPUs) or
-  # 'blocked' (XLA, O(T·window) for local layers). 'auto' picks splash
-  # attention on TPUs, cuDNN for global layers on GPUs in bfloat16, 'blocked'
-  # for local layers elsewhere and ours for the rest, and only the kernels
-  # with dropout ('xla', 'blocked') when attention_dropout_rate > 0. A kernel
+  # Attention kernel (model/attention/): 'dense' (ours, softmax over a dense
+  # mask), 'jax_xla' (jax.nn.dot_product_attention's XLA path, dense mask),
+  # 'cudnn' (NVIDIA GPUs, 16-bit), 'splash' (TPUs) or 'blocked' (XLA,
+  # O(T·window) for local layers). 'auto' picks splash attention on TPUs
+  # ('jax_xla' for global rows under 1,024 tokens without documents), cuDNN
+  # for global layers on GPUs in bfloat16, 'blocked' for local layers
+  # elsewhere and ours for the rest, and only the kernels with dropout
+  # ('dense', 'blocked') when attention_dropout_rate > 0. A kernel
   # that cannot take a call's mask hands it to another; the run's log says
   # which kernel each kind of layer compiled to, and why.
   config.model.attention = 'auto'

@@ -7,11 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import base
+from mlm_jax import configuration
 from mlm_jax import model as model_lib
 from mlm_jax.config_check import ConfigError
 from mlm_jax.data import masking
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.model import attention
+from mlm_jax.model import config as model_config_lib
 from tests.conftest import model_config
 
 B, T, N, H = 3, 300, 2, 8
@@ -92,8 +95,7 @@ def test_library_kernel_agrees_and_padding_rows_stay_finite():
   qkv, valid, docs, _ = _inputs(3, t=40, doc_rate=0.1)
   valid = valid.at[2].set(False)   # An all-padding row, as eval's padding rows.
   mask = attention.Mask(valid, documents=jnp.where(valid, docs, 0), window=6)
-  lib = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask.allowed()[:, None],
-                                                     implementation='xla')
+  lib = lambda q, k, v: attention.jax_xla_attention(q, k, v, mask.allowed())
   for f in (lib, lambda *x: attention.banded_attention(*x, mask), _dense(mask)):
     assert np.isfinite(np.asarray(f(*qkv))).all()
   _assert_same_function(lib, _dense(mask), qkv, valid)
@@ -133,24 +135,24 @@ def test_auto_picks_per_platform_and_says_why_it_hands_a_call_on():
   assert kernel == 'blocked' and 'not document ids' in why
   assert _choose(tpu) == ('splash', '') and _choose(tpu, local=True, documents=True)[0] == 'splash'
   # Short global rows without documents (BERT's) stay with XLA's fused attention.
-  assert _choose(tpu, q_len=512, kv_len=512) == ('dot_product', '')
+  assert _choose(tpu, q_len=512, kv_len=512) == ('jax_xla', '')
   assert _choose(tpu, q_len=512, kv_len=512, documents=True) == ('splash', '')
   kernel, why = _choose(tpu, local=True, contiguous=False)
   assert kernel == 'blocked' and 'DropToken' in why
   kernel, why = _choose(tpu, rows=True, q_len=154)
-  assert kernel == 'xla' and 'masked slots' in why
+  assert kernel == 'dense' and 'masked slots' in why
   kernel, why = _choose(tpu, q_len=1100, kv_len=1100)
   assert kernel == 'blocked' and 'do not divide into splash blocks of 128' in why
   assert _choose(cpu, local=True) == ('blocked', '')
   # On CPUs global layers run ours over a dense mask on short rows, in query chunks on long ones.
   kernel, why = _choose(cpu, q_len=128, kv_len=128)
-  assert kernel == 'xla' and 'small' in why
+  assert kernel == 'dense' and 'small' in why
   assert _choose(cpu, q_len=4096, kv_len=4096) == ('blocked', '')
   kernel, why = _choose(cpu, local=True, q_len=24, kv_len=24)
-  assert kernel == 'xla' and 'covers most' in why
+  assert kernel == 'dense' and 'covers most' in why
   # Attention dropout: only ours and the banded kernel apply it.
   drop = _cfg(platform='gpu', dtype=jnp.bfloat16, attention_dropout_rate=0.1)
-  assert _choose(drop, dropout=True) == ('xla', '')
+  assert _choose(drop, dropout=True) == ('dense', '')
   assert _choose(drop, local=True, dropout=True) == ('blocked', '')
   assert _choose(_cfg(attention='blocked'), q_len=4096, kv_len=4096) == ('blocked', '')
 
@@ -167,9 +169,27 @@ def test_the_plan_names_every_kind_of_call():
   cfg = _cfg(platform='tpu', dtype=jnp.bfloat16, num_layers=22, document_mask=True)
   line = attention.describe(cfg, 1024, 154)
   assert line.startswith('documents apart')
-  assert 'global layers 0, 3, ..., 18 (7): Pallas splash' in line
-  assert 'local layers 1, 2, ..., 20 (14): Pallas splash' in line
-  assert 'last block (layer 21, global) at its 154 output rows: XLA' in line
+  assert 'global layers 0, 3, ..., 18 (7): splash (Pallas splash attention' in line
+  assert 'local layers 1, 2, ..., 20 (14): splash (Pallas splash attention' in line
+  assert 'last block (layer 21, global) at its 154 output rows: dense (ours' in line
+
+
+@pytest.mark.parametrize('old, new', [('xla', 'dense'), ('dot_product', 'jax_xla')])
+def test_a_run_saved_with_an_old_kernel_name_reads_as_the_new_one(old, new):
+  saved = base.get_config().to_dict()
+  saved['model'] |= {'attention': old, 'attention_dropout_rate': 0.0, 'variant': 'modern'}
+  saved['resolved'] = {'vocab_size': 60, 'padded_vocab_size': 128}
+  config = configuration.saved_config(saved, 'run/config.json')
+  read = lambda model: model_lib.ModelConfig.from_config(model, 60, 128, jnp.bfloat16,
+                                                         platform='tpu')
+  cfg = read(config.model)
+  today = config.model.copy_and_resolve_references()
+  today.attention = new
+  assert cfg.attention == new
+  assert attention.plan(cfg, 1024, 154) == attention.plan(read(today), 1024, 154)
+  # Given today (a config file, --config.model.attention), the old name is refused by its new one.
+  with pytest.raises(ConfigError, match=f"now called '{new}'.*--config.model.attention={new}"):
+    model_config_lib.check_config(config.model)
 
 
 def _packed_batch(docs_tokens, t, rng):
@@ -244,8 +264,8 @@ def test_blocked_model_trains_as_the_dense_one(drop_token_rate, documents):
   batch = _modern_batch(160)
   fields = dict(drop_token_rate=drop_token_rate, document_mask=documents,
                 restart_positions=documents)
-  dense, blocked = (model_lib.mlm_model(_cfg(attention=a, **fields)) for a in ('xla', 'blocked'))
-  assert [c.kernel for c in attention.plan(blocked.cfg, 160, 12)][:2] == ['xla', 'blocked']
+  dense, blocked = (model_lib.mlm_model(_cfg(attention=a, **fields)) for a in ('dense', 'blocked'))
+  assert [c.kernel for c in attention.plan(blocked.cfg, 160, 12)][:2] == ['dense', 'blocked']
   params = nn.unbox(dense.init(jax.random.key(0), batch)['params'])
 
   def loss(model, params):
@@ -293,7 +313,7 @@ def test_the_tiny_modernbert_trains_on_rows_of_2048_tokens_within_a_few_gib(tmp_
                           timeout=900, check=False).returncode
   text = log.read_text()
   assert code == 0, text[-3000:]
-  assert 'local layers 1, 2: blocked XLA' in text
+  assert 'local layers 1, 2: blocked (banded XLA)' in text
   peak = int(text.split('peak resident memory:')[1].split()[0])
   assert peak < 4 * 2**30, f'peak resident memory {peak / 2**30:.2f} GiB'
   import json

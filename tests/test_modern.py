@@ -159,7 +159,7 @@ def test_kernels_and_remat_give_the_same_logits():
   params, batch = _random_params(_cfg()), _batch(1)
   real = batch['attention_mask'][..., None] > 0
   ours = _logits(_cfg(), params, batch)   # 'auto': the local layer banded ('blocked').
-  for options in (dict(attention='dot_product'), dict(attention='xla'), dict(remat='full'),
+  for options in (dict(attention='jax_xla'), dict(attention='dense'), dict(remat='full'),
                   dict(remat='dots')):
     np.testing.assert_allclose(np.where(real, _logits(_cfg(**options), params, batch), 0),
                                np.where(real, ours, 0), atol=1e-5, err_msg=str(options))

@@ -297,7 +297,7 @@ def test_sizing_table_is_written_from_its_json_and_names_the_cells_still_missing
       'base-128@v4-32': {'cell': 'base-128@v4-32', 'model': 'base', 'seq_len': 128,
                          'target': 'v4-32', 'num_devices': 16, 'fits': True,
                          'per_device_batch': 352, 'global_batch': 5632, 'memory': 26 * gib,
-                         'used_fraction': 26 / 32, 'attention': 'dot_product',
+                         'used_fraction': 26 / 32, 'attention': 'jax_xla',
                          'estimate': {'step_time_s': 0.25, 'tokens_per_sec': 2.9e6,
                                       'mfu': 0.41}},
       'large-512@h100': {'cell': 'large-512@h100', 'model': 'large', 'seq_len': 512,
@@ -310,7 +310,7 @@ def test_sizing_table_is_written_from_its_json_and_names_the_cells_still_missing
   sizing.run(str(tmp_path / 'sizing.md'), [], compile_missing=False)   # Compiles nothing.
   table = (tmp_path / 'sizing.md').read_text()
   assert 'Made on 2026-11-24 with jax 0.10.2.' in table
-  assert ('| base | 128 | v4-32 | 16 | 352 (5,632) | 26.0 GiB (81%) | dot_product | 250 ms | '
+  assert ('| base | 128 | v4-32 | 16 | 352 (5,632) | 26.0 GiB (81%) | jax_xla | 250 ms | '
           '2,900,000 | 41% |') in table
   assert '| large | 512 | h100 | 1 | does not fit at 1 row |' in table
   assert f'Not computed yet ({len(sizing.cells()) - 2} of {len(sizing.cells())} cells' in table

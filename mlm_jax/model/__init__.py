@@ -2,7 +2,7 @@
 names, no configs files or data.
 
   config.py   ModelConfig, the allowed values of config.model and their checks
-  attention.py  the mask description (Mask), the attention kernels, which one each call gets
+  attention/  the mask description (Mask), the attention kernels, which one each call gets
   layers.py   initialisers, LayerNorm, row gathers, BERT's self-attention
   heads.py    the MLM head (gathered masked slots, tied embedding) and NSP/SOP
   encoder.py  the layer loop both encoders share (remat, scan, output rows)

@@ -15,22 +15,17 @@ import ml_collections
 
 from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
+# Attention kernel names (config.model.attention) and the kernels' limits: the attention
+# package's choice module, where the kernel of each call is picked.
+from mlm_jax.model.attention.choice import ATTENTIONS
+from mlm_jax.model.attention.choice import NO_DROPOUT_ATTENTIONS
+from mlm_jax.model.attention.choice import RENAMED_ATTENTIONS
+from mlm_jax.model.attention.choice import current_name as current_attention_name
 from mlm_jax.runtime import platform_ops
 
 Array = jax.Array
 
 DTYPES = ('auto', 'float32', 'bfloat16')       # 'auto': float32 on CPU, bfloat16 elsewhere.
-# Attention kernels (model/attention.py): 'xla' ours over a dense mask;
-# 'dot_product' jax.nn.dot_product_attention's XLA path; 'cudnn' its fused
-# kernel (NVIDIA GPUs, 16-bit); 'splash' Pallas splash attention (TPUs);
-# 'blocked' XLA in O(T·window) memory and time for local layers (in query
-# chunks for the others). 'auto': the fastest for the platform
-# (attention.requested).
-ATTENTIONS = ('auto', 'xla', 'dot_product', 'cudnn', 'splash', 'blocked')
-# The kernels without dropout on the attention probabilities.
-NO_DROPOUT_ATTENTIONS = ('dot_product', 'cudnn', 'splash')
-# The kernels that exist on one platform only.
-PLATFORM_ATTENTIONS = {'cudnn': 'gpu', 'splash': 'tpu'}
 REMATS = ('none', 'dots', 'full')              # What a block keeps for the backward pass.
 # Encoders: 'bert' the post-LN BERT of bert.py (BertForMaskedLM); 'roberta' the
 # same encoder in RoBERTa's Hugging Face layout (RobertaForMaskedLM: one token
@@ -117,6 +112,8 @@ class ModelConfig:
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     given = {k: model.get(k, defaults[k]) if k in ('document_mask', 'restart_positions')
              else model[k] for k in fields if k not in overrides}
+    if 'attention' in given:   # A run saved before the kernels were renamed.
+      given['attention'] = current_attention_name(given['attention'])
     return cls(vocab_size=vocab_size, padded_vocab_size=padded_vocab_size, dtype=dtype,
                **given, **overrides)
 
@@ -145,11 +142,15 @@ def check_config(model: ml_collections.ConfigDict) -> None:
   for name in ('dropout_rate', 'attention_dropout_rate'):
     require(0.0 <= model[name] < 1.0, f'config.model.{name}={model[name]} must be in [0, 1).')
   one_of('model', 'dtype', model.dtype, DTYPES)
+  require(model.attention not in RENAMED_ATTENTIONS,
+          f'config.model.attention={model.attention!r} is now called '
+          f'{RENAMED_ATTENTIONS.get(model.attention)!r} (the same kernel): set '
+          f'--config.model.attention={RENAMED_ATTENTIONS.get(model.attention)}.')
   one_of('model', 'attention', model.attention, ATTENTIONS)
   require(model.attention not in NO_DROPOUT_ATTENTIONS or model.attention_dropout_rate == 0.0,
           f'config.model.attention={model.attention!r} with config.model.attention_dropout_rate='
           f'{model.attention_dropout_rate}: that kernel has no dropout on the attention '
-          "probabilities; set the rate to 0, or attention='auto' (or 'xla') to use ours "
+          "probabilities; set the rate to 0, or attention='auto' (or 'dense') to use ours "
           'when the rate is above 0.')
   one_of('model', 'remat', model.remat, REMATS)
   require(0.0 <= model.drop_token_rate < 1.0,

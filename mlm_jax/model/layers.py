@@ -1,5 +1,5 @@
 """Building blocks the encoders share: initialisers with logical axis names, LayerNorm,
-row gathers and BERT's self-attention (its kernels: model/attention.py).
+row gathers and BERT's self-attention (its kernels: model/attention/).
 
 Dense layers, dropout and GELU are not defined here: every module takes them
 from cfg.ops (runtime/platform_ops.py), the forms for the platform the step

@@ -122,7 +122,7 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
       '0.75 of the card).',
       '- **memory**: what that step uses per device: parameters + optimizer state, batch, '
       'temporaries and program.',
-      '- **attention**: the kernels of the step\'s attention layers (model/attention.py) '
+      '- **attention**: the kernels of the step\'s attention layers (model/attention/) '
       'and the fused calls compiled (cuDNN: forward and backward per layer; splash: '
       'forward, dq and dkv).',
       '- **TPU estimate**: the TPU compiler\'s own per-operation cycle estimates, summed, plus '

@@ -1,0 +1,75 @@
+"""'splash': Pallas splash attention (TPUs), and the keys it computes per query.
+
+The mask is static: a LocalMask of the window (or a full mask) for every
+row, with documents and padding as segment ids. Pallas is imported when the
+kernel is built, so this module loads on any platform.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from mlm_jax.model.attention.mask import Mask
+
+Array = jax.Array
+
+# Splash attention's tiles: rows must divide into them.
+SPLASH_BLOCK = 128
+
+
+def splash_attention(q: Array, k: Array, v: Array, mask: Mask, batch_sharding=None,
+                     interpret: bool = False) -> Array:
+  """Pallas splash attention (TPUs): q, k, v [B, T, N, H] -> [B, T, N, H].
+
+  A static LocalMask of mask.window each side (or a full mask) and segment
+  ids (mask.segments(): documents, padding apart). Under jit on a mesh the
+  kernel runs per device under shard_map, on that device's rows
+  (`batch_sharding`, the trainer's; heads are not split). `interpret` runs
+  the kernel in Pallas's interpreter (any platform; for tests).
+  """
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash
+  b, t, n, h = q.shape
+  shape = (t, t)
+  base = (splash.LocalMask(shape, (mask.window, mask.window), 0) if mask.window is not None
+          else splash.FullMask(shape))
+  blocks = splash.BlockSizes(
+      block_q=SPLASH_BLOCK, block_kv=SPLASH_BLOCK, block_kv_compute=SPLASH_BLOCK,
+      block_q_dkv=SPLASH_BLOCK, block_kv_dkv=SPLASH_BLOCK, block_kv_dkv_compute=SPLASH_BLOCK,
+      block_q_dq=SPLASH_BLOCK, block_kv_dq=SPLASH_BLOCK)
+  kernel = splash.make_splash_mha(splash.MultiHeadMask([base] * n), head_shards=1,
+                                  q_seq_shards=1, block_sizes=blocks, interpret=interpret)
+
+  def run(q, k, v, segments):                     # This device's rows, [b, T, N, H].
+    heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [b, N, T, H], as the kernel takes them
+    one = lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(s, s))
+    out = jax.vmap(one)(heads_first(q * (1.0 / math.sqrt(h))).astype(k.dtype),
+                        heads_first(k), heads_first(v), segments)
+    return jnp.swapaxes(out, 1, 2)
+
+  segments = mask.segments()
+  # Unsplit where no sharding applies (one device, or the one-row batch that
+  # only traces the parameters' shapes).
+  if batch_sharding is None or b % batch_sharding.mesh.size:
+    return run(q, k, v, segments)
+  spec = jax.sharding.PartitionSpec(batch_sharding.spec[0])
+  return jax.shard_map(run, mesh=batch_sharding.mesh, in_specs=(spec,) * 4, out_specs=spec,
+                       check_vma=False)(q, k, v, segments)
+
+
+def splash_keys(q_len: int, kv_len: int, window: int | None) -> float:
+  """Keys per query that splash attention computes: whole tiles, the masked ones skipped.
+
+  A query tile of SPLASH_BLOCK rows computes every key tile its window
+  touches (the whole row without a window).
+  """
+  if window is None:
+    return float(kv_len)
+  tiles = 0
+  for i in range(q_len // SPLASH_BLOCK):
+    first = max(0, i * SPLASH_BLOCK - window) // SPLASH_BLOCK
+    last = min(kv_len - 1, (i + 1) * SPLASH_BLOCK - 1 + window) // SPLASH_BLOCK
+    tiles += last - first + 1
+  return tiles * SPLASH_BLOCK * SPLASH_BLOCK / q_len
