@@ -80,6 +80,12 @@ def overrides(holder: flags.FlagHolder) -> list[str]:
   return list(config_flags.get_override_values(flags.FLAGS[holder.name]))
 
 
+def resolved_config(holder: flags.FlagHolder, num_devices: int | None) -> Any:
+  """The --config of the command line as the run uses it (configuration.resolve): checked once,
+  a checkpoint's architecture filled in; the command hands it to the library."""
+  return configuration.resolve(holder.value, num_devices, overrides(holder))
+
+
 class _OwnInfoOnly:
   """Shows INFO lines of this package only; warnings and errors of any."""
 

@@ -36,7 +36,7 @@ _BEAM_OPTIONS = flags.DEFINE_string(
 
 
 def main() -> None:
-  config = config_lib.resolve(_CONFIG.value, None, cli.overrides(_CONFIG))
+  config = cli.resolved_config(_CONFIG, num_devices=None)
   beam_options = None
   if _BEAM.value or _BEAM_OPTIONS.value:
     workers = config.data.num_workers or cores.usable_cores()

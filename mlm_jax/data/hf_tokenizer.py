@@ -15,6 +15,7 @@ them falls back to the usual spellings ([PAD] / <pad>, ...).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from collections.abc import Iterable
@@ -24,7 +25,8 @@ from typing import Any
 import numpy as np
 import tokenizers as tk
 
-from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.data import paths
+from mlm_jax.data import tokenizer_base as tok_lib
 
 # The files of a Hugging Face tokenizer directory that are carried along.
 FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.txt',
@@ -62,13 +64,13 @@ class HFTokenizer(tok_lib.Tokenizer):
 
   @classmethod
   def from_path(cls, path: str) -> HFTokenizer:
-    """A tokenizer.json or a WordPiece vocab.txt, with the tokenizer files beside it."""
-    directory = os.path.dirname(os.path.abspath(path))
-    files = {}
+    """A tokenizer.json or a WordPiece vocab.txt (a local path or a bucket URL), with the
+    tokenizer files beside it; all are read into memory, where `tokenizers` loads them from."""
+    directory, files = directory_of(path), {}
     for name in FILES:
-      p = os.path.join(directory, name)
-      if os.path.isfile(p):
-        with open(p, 'rb') as f:
+      p = paths.join(directory, name)
+      if paths.isfile(p):
+        with paths.open_binary(p) as f:
           files[name] = f.read()
     if os.path.basename(path) == 'tokenizer.json':
       try:
@@ -77,7 +79,7 @@ class HFTokenizer(tok_lib.Tokenizer):
         raise ValueError(f'{path} is not a tokenizers tokenizer.json: {e}') from e
     elif os.path.basename(path) == 'vocab.txt':
       config = json.loads(files.get('tokenizer_config.json', b'{}'))
-      tokenizer = _wordpiece_from_vocab(path, config.get('do_lower_case', True))
+      tokenizer = _wordpiece_from_vocab(files['vocab.txt'], config.get('do_lower_case', True))
     else:
       raise ValueError(f'{path}: not a tokenizer.json or vocab.txt.')
     return cls(tokenizer, files, source=path)
@@ -158,12 +160,11 @@ class HFTokenizer(tok_lib.Tokenizer):
     return starts
 
   def save(self, directory: str) -> str:
-    os.makedirs(directory, exist_ok=True)
     for name, data in self.files.items():
-      with open(os.path.join(directory, name), 'wb') as f:
+      with paths.open_write(paths.join(directory, name)) as f:
         f.write(data)
-    return os.path.join(directory, 'tokenizer.json' if 'tokenizer.json' in self.files
-                        else 'vocab.txt')
+    return paths.join(directory, 'tokenizer.json' if 'tokenizer.json' in self.files
+                      else 'vocab.txt')
 
   def digest(self) -> str:
     h = hashlib.sha256()
@@ -203,10 +204,16 @@ class HFTokenizer(tok_lib.Tokenizer):
     return HFTokenizer(new, files, self.source), spelled
 
 
-def _wordpiece_from_vocab(path: str, lowercase: bool) -> tk.Tokenizer:
-  """BERT's tokenizer from its vocab.txt, as transformers' BertTokenizerFast builds it."""
-  with open(path, encoding='utf-8') as f:
-    vocab = {line.rstrip('\n'): i for i, line in enumerate(f)}
+def directory_of(path: str) -> str:
+  """The directory of a tokenizer file (a local path or a bucket URL): its other files' home."""
+  return os.path.dirname(paths.absolute(path))
+
+
+def _wordpiece_from_vocab(vocab_txt: bytes, lowercase: bool) -> tk.Tokenizer:
+  """BERT's tokenizer from its vocab.txt's bytes, as transformers' BertTokenizerFast builds it."""
+  # Read as a text file reads (universal newlines), so ids are those of the file's lines.
+  lines = io.TextIOWrapper(io.BytesIO(vocab_txt), encoding='utf-8')
+  vocab = {line.rstrip('\n'): i for i, line in enumerate(lines)}
   out = tk.Tokenizer(tk.models.WordPiece(vocab, unk_token='[UNK]', max_input_chars_per_word=100))
   _bert_pipeline(out, lowercase)
   specials = [t for t in tok_lib.SPECIAL_TOKENS if t in vocab]
