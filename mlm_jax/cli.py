@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 from typing import NoReturn
 
+import ml_collections
 from absl import app
 from absl import flags
 from absl import logging
@@ -80,7 +81,8 @@ def overrides(holder: flags.FlagHolder) -> list[str]:
   return list(config_flags.get_override_values(flags.FLAGS[holder.name]))
 
 
-def resolved_config(holder: flags.FlagHolder, num_devices: int | None) -> Any:
+def resolved_config(holder: flags.FlagHolder,
+                    num_devices: int | None) -> ml_collections.ConfigDict:
   """The --config of the command line as the run uses it (configuration.resolve): checked once,
   a checkpoint's architecture filled in; the command hands it to the library."""
   return configuration.resolve(holder.value, num_devices, overrides(holder))

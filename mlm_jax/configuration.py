@@ -27,6 +27,7 @@ from mlm_jax.config_check import ConfigError
 from mlm_jax.config_check import require
 from mlm_jax.data import corpus
 from mlm_jax.data import masking
+from mlm_jax.data import paths
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import sentence_pairs
@@ -178,8 +179,8 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
       model[key] = fields[key]
   tok = config.tokenizer
   if tok.model_file:
-    require('tokenizer.model_file' in overrides or os.path.abspath(tok.model_file)
-            == os.path.abspath(tokenizer_path),
+    require('tokenizer.model_file' in overrides or paths.absolute(tok.model_file)
+            == paths.absolute(tokenizer_path),
             f'config.tokenizer.model_file={tok.model_file!r} is set, but the checkpoint in '
             f'{source} brings its own tokenizer; leave it empty.')
   tok.model_file = tok.model_file or tokenizer_path
