@@ -22,7 +22,6 @@ import time
 from absl import flags
 
 from mlm_jax import cli
-from mlm_jax import configuration as config_lib
 from mlm_jax.data import prepare
 from mlm_jax.runtime import cores
 

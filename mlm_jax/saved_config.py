@@ -14,7 +14,6 @@ from absl import logging
 from configs import base
 from mlm_jax.config_check import ConfigError
 
-
 # Fields added to configs/base.py after runs were already saved, each with the
 # value that reproduces what a run from before it did (documents attended to
 # one another, positions counted from the row's start, text read from one

@@ -28,14 +28,19 @@ from mlm_jax.config_check import require
 from mlm_jax.data import hf_tokenizer
 from mlm_jax.data import paths
 from mlm_jax.data import sp_tokenizer
-from mlm_jax.data.tokenizer_base import ROLES  # noqa: F401  (the seam's names, re-exported)
+from mlm_jax.data.tokenizer_base import ROLES
 from mlm_jax.data.tokenizer_base import SPECIAL_TOKENS
-from mlm_jax.data.tokenizer_base import Specials  # noqa: F401
+from mlm_jax.data.tokenizer_base import Specials
 from mlm_jax.data.tokenizer_base import Tokenizer
-from mlm_jax.data.tokenizer_base import VOCAB_MULTIPLE  # noqa: F401
-from mlm_jax.data.tokenizer_base import model_vocab_size  # noqa: F401
-from mlm_jax.data.tokenizer_base import padded_vocab_size  # noqa: F401
-from mlm_jax.data.tokenizer_base import sanitize  # noqa: F401
+from mlm_jax.data.tokenizer_base import VOCAB_MULTIPLE
+from mlm_jax.data.tokenizer_base import model_vocab_size
+from mlm_jax.data.tokenizer_base import padded_vocab_size
+from mlm_jax.data.tokenizer_base import sanitize
+
+# The factory's own names and the interface's, which the rest of mlm_jax imports from here.
+__all__ = ['KINDS', 'MIN_VOCAB_SIZE', 'ROLES', 'SPECIAL_TOKENS', 'Specials', 'Tokenizer',
+           'VOCAB_MULTIPLE', 'check_config', 'load', 'model_vocab_size', 'padded_vocab_size',
+           'sanitize', 'tokenizer_files', 'train']
 
 # config.tokenizer.kind: what a run with no tokenizer file trains.
 KINDS = ('sentencepiece', 'wordpiece', 'bpe')

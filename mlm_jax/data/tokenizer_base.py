@@ -107,7 +107,6 @@ class Tokenizer(abc.ABC):
             + ', '.join(f'{t}={i}' for t, i in zip(s.tokens, s.ids)))
 
 
-
 # Embedding tables have a multiple of this many rows, so that the vocabulary
 # matmul tiles evenly (the TPU's 128 lanes; a multiple of 64 for GPU tensor
 # cores too). The rows past the vocabulary are never predicted (model/heads.py).

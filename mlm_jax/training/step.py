@@ -15,13 +15,11 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from mlm_jax.data import masking
 from mlm_jax.runtime import platform_ops
 from mlm_jax.training import objective
-from mlm_jax.training import optimizer
 from mlm_jax.training.state import TrainState
 
 Array = jax.Array
