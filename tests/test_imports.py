@@ -6,6 +6,7 @@ that an import hidden in a function to dodge a cycle is caught too.
 
 import ast
 import collections
+import functools
 import pathlib
 
 import pytest
@@ -63,6 +64,7 @@ def _modules() -> dict[str, pathlib.Path]:
   return {_module_name(p): p for p in sorted(PACKAGE.rglob('*.py'))}
 
 
+@functools.cache  # Read once for all the tests here; none changes it.
 def _module_graph() -> dict[str, dict[str, str]]:
   """importer module -> {imported mlm_jax module or other library: 'file:line'}."""
   modules, graph = _modules(), {}
