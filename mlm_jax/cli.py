@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 from typing import NoReturn
 
+import ml_collections
 from absl import app
 from absl import flags
 from absl import logging
@@ -78,6 +79,13 @@ _CONFIG_FILE_FLAGS: list[str] = []
 def overrides(holder: flags.FlagHolder) -> list[str]:
   """The config fields given on the command line ('train.batch_size', ...), in order."""
   return list(config_flags.get_override_values(flags.FLAGS[holder.name]))
+
+
+def resolved_config(holder: flags.FlagHolder,
+                    num_devices: int | None) -> ml_collections.ConfigDict:
+  """The --config of the command line as the run uses it (configuration.resolve): checked once,
+  a checkpoint's architecture filled in; the command hands it to the library."""
+  return configuration.resolve(holder.value, num_devices, overrides(holder))
 
 
 class _OwnInfoOnly:

@@ -1,9 +1,14 @@
-"""The whole config, checked before anything expensive; a saved run's config read back.
+"""The whole config, checked before anything expensive, and resolved once by the command.
 
 `validate` runs every part's own check of its section (each part defines
-its allowed values and limits next to the code that uses them) and the
-checks that span sections (rows against the position table, batches against
-devices, the state's split against the width, paths of an init model).
+its allowed values and limits next to the code that uses them; those of
+config.train, eval and profile in training_config.py) and the checks that
+span sections (rows against the position table, batches against devices,
+the state's split against the width, paths of an init model).
+
+`resolve` is the command's (train.py, prepare.py, ...): it returns the
+config a run uses, which the command hands to the loop. Config flows one
+way: this module imports nothing of training/.
 """
 
 from __future__ import annotations
@@ -16,21 +21,20 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from configs import base
+from mlm_jax import saved_config
+from mlm_jax import training_config
 from mlm_jax.config_check import ConfigError
 from mlm_jax.config_check import require
 from mlm_jax.data import corpus
 from mlm_jax.data import masking
+from mlm_jax.data import paths
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import sentence_pairs
 from mlm_jax.data import tokenizer
 from mlm_jax.model import config as model_config
-from mlm_jax.training import heldout
-from mlm_jax.training import profiling
-from mlm_jax.training import step
 
-__all__ = ['ConfigError', 'resolve', 'saved_config', 'validate']
+__all__ = ['ConfigError', 'resolve', 'validate']
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
@@ -52,9 +56,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   sentence_pairs.check_config(config.sentence_pair, d.seq_len)
   pipeline.check_config(config.input)
   model_config.check_config(model)
-  step.check_config(config.train)
-  heldout.check_config(config.eval)
-  profiling.check_config(config.profile)
+  training_config.check_train(config.train)
+  training_config.check_eval(config.eval)
+  training_config.check_profile(config.profile)
   require(config.sentence_pair.task == 'none' or model.type_vocab_size >= 2,
           f"config.sentence_pair.task={config.sentence_pair.task!r} gives the second segment "
           f'token type 1, but the model has config.model.type_vocab_size={model.type_vocab_size} '
@@ -145,11 +149,16 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
   `overrides` (the command line's --config.* keys, e.g. 'model.num_layers')
   that contradicts the checkpoint is a ConfigError. The config keeps the
   recipe: optimizer, schedule, masking, batch, data, seq_len.
+
+  The final config is validated once. The init model's tokenizer is loaded
+  here to check it against the checkpoint's table; tokenizer.load keeps it,
+  so that prepare gets the same one without reading it again.
   """
-  validate(config, num_devices=num_devices)
   init = config.init
   if not (init.hf_dir or init.workdir):
+    validate(config, num_devices=num_devices)
     return config
+  _check_init(config)  # Where the model comes from, before it is read.
   source, fields, tokenizer_path = _init_source(init)
   overrides = set(overrides)
   config = config.copy_and_resolve_references()
@@ -170,8 +179,8 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
       model[key] = fields[key]
   tok = config.tokenizer
   if tok.model_file:
-    require('tokenizer.model_file' in overrides or os.path.abspath(tok.model_file)
-            == os.path.abspath(tokenizer_path),
+    require('tokenizer.model_file' in overrides or paths.absolute(tok.model_file)
+            == paths.absolute(tokenizer_path),
             f'config.tokenizer.model_file={tok.model_file!r} is set, but the checkpoint in '
             f'{source} brings its own tokenizer; leave it empty.')
   tok.model_file = tok.model_file or tokenizer_path
@@ -183,8 +192,8 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
              f'--config.model.max_position_embeddings={config.data.seq_len} (and, as ModernBERT '
              'does, a larger --config.model.global_rope_theta).' if rotary else
              'its position table has that many rows: use at most that.'))
-  _check_vocab(config, source)
   validate(config, num_devices=num_devices)
+  _check_vocab(config, source)
   return config
 
 
@@ -205,7 +214,7 @@ def _init_source(init: ml_collections.ConfigDict) -> tuple[str, dict[str, Any], 
     return hf_dir, fields, tokenizer_path
   workdir = os.path.expanduser(init.workdir)
   with open(os.path.join(workdir, 'config.json')) as f:
-    saved = saved_config(json.load(f), os.path.join(workdir, 'config.json'))
+    saved = saved_config.read(json.load(f), os.path.join(workdir, 'config.json'))
   fields = {k: saved.model[k] for k in ARCHITECTURE_FIELDS + RECIPE_FIELDS}
   fields['vocab_size'] = saved.resolved.vocab_size
   tokenizer_path = tokenizer.tokenizer_files(workdir)
@@ -226,62 +235,3 @@ def _check_vocab(config: ml_collections.ConfigDict, source: str) -> None:
           f'The tokenizer of {source} has {tok.vocab_size:,} ids but the checkpoint\'s embedding '
           f'table only {table:,} rows: they do not belong together. Use the tokenizer files '
           'the checkpoint was published with.')
-
-
-def model_vocab_size(config: ml_collections.ConfigDict, tokenizer_vocab: int) -> int:
-  """Rows the model predicts over: config.model.vocab_size (a checkpoint's table), else the
-  tokenizer's; tokens added beyond a checkpoint's table grow it to a multiple of 64."""
-  table = config.model.vocab_size or tokenizer_vocab
-  if tokenizer_vocab > table:
-    return -(-tokenizer_vocab // 64) * 64
-  return table
-
-
-# Fields added to configs/base.py after runs were already saved, each with the
-# value that reproduces what a run from before it did (documents attended to
-# one another, positions counted from the row's start, text read from one
-# corpus). A saved run lacking one is read with that value; any other missing
-# field is refused, since what the older run did cannot be known.
-ADDED_FIELDS = {
-    'data.ids_key': '',
-    'data.sources': (),
-    'model.document_mask': False,
-    'model.restart_positions': False,
-}
-
-
-def saved_config(saved: dict[str, Any], where: str) -> ml_collections.ConfigDict:
-  """A run's saved config (its config.json) as a ConfigDict; ConfigError when it lacks fields of
-  today's config (configs/base.py): a run written by an older version, which is not guessed at,
-  except for ADDED_FIELDS, which are filled with the behaviour the older run had.
-
-  Keys outside the config (e.g. 'resolved') are kept.
-  """
-  missing = _missing_fields(base.get_config().to_dict(), saved)
-  filled = [m for m in missing if m in ADDED_FIELDS]
-  missing = [m for m in missing if m not in ADDED_FIELDS]
-  if missing:
-    listed = ', '.join(f'config.{m}' for m in missing[:3])
-    more = f' and {len(missing) - 3} more' if len(missing) > 3 else ''
-    raise ConfigError(
-        f'{where} was written by an older version of mlm_jax: it lacks {listed}{more}. Train '
-        'again in a new --workdir (preparing the data again) rather than reuse it.')
-  config = ml_collections.ConfigDict(saved)
-  for name in filled:
-    section, key = name.split('.')
-    config[section][key] = ADDED_FIELDS[name]
-  if filled:
-    logging.info('%s predates %s: read as %s, what the run did.', where,
-                 ', '.join(f'config.{m}' for m in filled),
-                 ', '.join(f'{ADDED_FIELDS[m]!r}' for m in filled))
-  return config
-
-
-def _missing_fields(fields: dict[str, Any], saved: dict[str, Any], prefix: str = '') -> list[str]:
-  missing = []
-  for key, value in fields.items():
-    if key not in saved:
-      missing.append(prefix + key)
-    elif isinstance(value, dict) and isinstance(saved[key], dict):
-      missing += _missing_fields(value, saved[key], f'{prefix}{key}.')
-  return missing

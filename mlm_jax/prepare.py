@@ -22,7 +22,6 @@ import time
 from absl import flags
 
 from mlm_jax import cli
-from mlm_jax import configuration as config_lib
 from mlm_jax.data import prepare
 from mlm_jax.runtime import cores
 
@@ -36,7 +35,7 @@ _BEAM_OPTIONS = flags.DEFINE_string(
 
 
 def main() -> None:
-  config = config_lib.resolve(_CONFIG.value, None, cli.overrides(_CONFIG))
+  config = cli.resolved_config(_CONFIG, num_devices=None)
   beam_options = None
   if _BEAM.value or _BEAM_OPTIONS.value:
     workers = config.data.num_workers or cores.usable_cores()

@@ -9,6 +9,7 @@ processes (one per host) run the same command; see docs/scaling.md.
 
 from __future__ import annotations
 
+import jax
 from absl import flags
 
 from mlm_jax import cli
@@ -33,10 +34,11 @@ flags.register_multi_flags_validator(
 
 def main() -> None:
   sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  config = cli.resolved_config(_CONFIG, num_devices=jax.device_count())
   if _EVAL_ONLY.value:
-    loop.evaluate_start(_CONFIG.value, overrides=cli.overrides(_CONFIG))
+    loop.evaluate_start(config)
     return
-  loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value, overrides=cli.overrides(_CONFIG))
+  loop.train_and_evaluate(config, _WORKDIR.value)
 
 
 if __name__ == '__main__':

@@ -58,6 +58,17 @@ def micro_config(corpus_glob: str, data_dir: str):
   return config
 
 
+def run_training(config, workdir: str, overrides=()) -> dict:
+  """Trains as `python -m mlm_jax.train` does: the config resolved once for this process's
+  devices (configuration.resolve), then handed to the loop; returns the run's summary."""
+  import jax
+
+  from mlm_jax import configuration
+  from mlm_jax.training import loop
+  resolved = configuration.resolve(config, jax.device_count(), overrides)
+  return loop.train_and_evaluate(resolved, workdir)
+
+
 def as_modern(config):
   """A micro_config switched to variant 'modern', with a local window (8) narrower than the rows
   and Hugging Face's LayerNorm epsilon, as the interop and fine-tuning tests want it."""

@@ -2,6 +2,7 @@
 
 import ast
 import importlib
+import json
 import pathlib
 
 import pytest
@@ -111,3 +112,62 @@ def test_concurrent_chains_auto_and_explicit():
   config.train.concurrent_chains = -1
   with pytest.raises(config_lib.ConfigError, match=r'config.train.concurrent_chains=-1'):
     config_lib.validate(config, num_devices=1)
+
+
+def _bert_dir(directory: pathlib.Path, table: int, words: int) -> str:
+  """A Hugging Face BERT directory as config.init.hf_dir reads it: config.json, a weights file
+  (not read by resolve) and a WordPiece vocab.txt of `words` ids for a table of `table` rows."""
+  directory.mkdir()
+  (directory / 'config.json').write_text(json.dumps({
+      'model_type': 'bert', 'architectures': ['BertForMaskedLM'], 'vocab_size': table,
+      'hidden_size': 32, 'num_hidden_layers': 2, 'num_attention_heads': 2,
+      'intermediate_size': 64, 'max_position_embeddings': 128, 'type_vocab_size': 2,
+      'layer_norm_eps': 1e-12, 'hidden_dropout_prob': 0.1, 'attention_probs_dropout_prob': 0.1,
+      'initializer_range': 0.02, 'hidden_act': 'gelu', 'pad_token_id': 0}))
+  (directory / 'model.safetensors').write_bytes(b'')
+  pieces = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + [f'w{i}' for i in range(words - 5)]
+  (directory / 'vocab.txt').write_text('\n'.join(pieces) + '\n')
+  return str(directory)
+
+
+def test_resolve_checks_the_final_config_once_and_reads_the_tokenizer_once(tmp_path,
+                                                                           monkeypatch):
+  from configs import tiny
+  from mlm_jax.data import tokenizer as tok_lib
+  checked, read = [], []
+  validate, from_path = config_lib.validate, tok_lib.hf_tokenizer.HFTokenizer.from_path
+  monkeypatch.setattr(config_lib, 'validate', lambda c, **k: checked.append(c) or validate(c, **k))
+  monkeypatch.setattr(tok_lib.hf_tokenizer.HFTokenizer, 'from_path',
+                      lambda path: read.append(path) or from_path(path))
+  config = tiny.get_config()
+  assert config_lib.resolve(config, 1) is config and len(checked) == 1
+  checked.clear()
+  config.init.hf_dir = _bert_dir(tmp_path / 'bert', table=400, words=300)
+  resolved = config_lib.resolve(config, 1)
+  # Checked once, as the run will use it: the checkpoint's architecture, its tokenizer.
+  assert checked == [resolved] and resolved.model.variant == 'bert'
+  assert (resolved.model.num_layers, resolved.model.vocab_size) == (2, 400)
+  assert resolved.tokenizer.model_file == str(tmp_path / 'bert' / 'vocab.txt')
+  # prepare and the loop ask for the same tokenizer: the one resolve read.
+  assert tok_lib.load(resolved.tokenizer.model_file).vocab_size == 300 and len(read) == 1
+
+
+def test_a_tokenizer_larger_than_the_checkpoints_table_is_refused_in_one_line(tmp_path):
+  from configs import tiny
+  config = tiny.get_config()
+  config.init.hf_dir = _bert_dir(tmp_path / 'bert', table=400, words=450)
+  with pytest.raises(config_lib.ConfigError, match=r'has 450 ids but the checkpoint\'s embedding '
+                                                   r'table only 400 rows'):
+    config_lib.resolve(config, 1)
+
+
+@pytest.mark.parametrize('table,tokenizer,rows,padded', [
+    (0, 1000, 1000, 1024),       # A fresh model: the tokenizer's ids (the quick start's shape).
+    (30522, 30522, 30522, 30592),  # BERT's table and tokenizer.
+    (50368, 50280, 50368, 50432),  # ModernBERT: a table with room beyond its tokenizer.
+    (30522, 30525, 30525, 30592),  # Three words added beyond the table: exactly those rows.
+])
+def test_one_vocabulary_rule_sizes_every_table(table, tokenizer, rows, padded):
+  from mlm_jax.data import tokenizer as tok_lib
+  assert tok_lib.model_vocab_size(table, tokenizer) == rows
+  assert tok_lib.padded_vocab_size(rows) == padded

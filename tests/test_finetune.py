@@ -20,9 +20,9 @@ from mlm_jax.finetuning import loop
 from mlm_jax.finetuning import model_dir
 from mlm_jax.finetuning import predict as predict_lib
 from mlm_jax.finetuning import scores
-from mlm_jax.training import loop as trainer
 from tests.conftest import as_modern
 from tests.conftest import micro_config
+from tests.conftest import run_training
 
 # Words the stdlib-docstring tokenizer knows; MARKER decides the label.
 WORDS = ('the', 'file', 'returns', 'list', 'value', 'string', 'object', 'function', 'name',
@@ -74,7 +74,7 @@ def pretrained(prepared, corpus_glob, tmp_path_factory):
   """A micro BERT pretraining run (8 steps): its workdir."""
   config = micro_config(corpus_glob, prepared[0].data.data_dir)
   workdir = str(tmp_path_factory.mktemp('pretrained'))
-  trainer.train_and_evaluate(config, workdir)
+  run_training(config, workdir)
   return workdir
 
 
@@ -165,7 +165,7 @@ def pretrained_modern(prepared, corpus_glob, tmp_path_factory):
   config = as_modern(micro_config(corpus_glob, prepared[0].data.data_dir))
   config.train.num_steps, config.train.eval_every, config.train.checkpoint_every = 4, 4, 4
   workdir = str(tmp_path_factory.mktemp('pretrained_modern'))
-  trainer.train_and_evaluate(config, workdir)
+  run_training(config, workdir)
   return workdir
 
 

@@ -14,11 +14,11 @@ import pytest
 
 from mlm_jax import model as model_lib
 from mlm_jax.runtime import sharding
-from mlm_jax.training import loop as trainer
 from mlm_jax.training import optimizer
 from mlm_jax.training import state as state_lib
 from tests.conftest import REPO
 from tests.conftest import model_config
+from tests.conftest import run_training
 from tests.conftest import write_config_file
 
 
@@ -68,9 +68,9 @@ def test_fsdp4_same_losses_as_fsdp1_then_resumes_on_4_devices_with_fsdp2(prepare
   config.model.attention_dropout_rate = 0.0
   config.train.num_steps = 4
   config.train.log_every = 1
-  plain = trainer.train_and_evaluate(config, str(tmp_path / 'fsdp1'))
+  plain = run_training(config, str(tmp_path / 'fsdp1'))
   config.mesh.fsdp = 4
-  sharded = trainer.train_and_evaluate(config, str(tmp_path / 'fsdp4'))
+  sharded = run_training(config, str(tmp_path / 'fsdp4'))
   assert plain['mesh'] == {'data': 8, 'fsdp': 1} and sharded['mesh'] == {'data': 2, 'fsdp': 4}
   assert sharded['state_bytes'] == plain['state_bytes']
   assert sharded['state_bytes_per_device'] < 0.3 * plain['state_bytes_per_device']

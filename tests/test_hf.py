@@ -28,10 +28,10 @@ from mlm_jax.interop import mlm_export as export_lib  # noqa: E402
 from mlm_jax.interop import hf  # noqa: E402
 from mlm_jax.training import checkpoint  # noqa: E402
 from mlm_jax.training import init_from  # noqa: E402
-from mlm_jax.training import loop as trainer  # noqa: E402
 from mlm_jax.training import state as state_lib  # noqa: E402
 from tests.conftest import micro_config  # noqa: E402
 from tests.conftest import model_config
+from tests.conftest import run_training
 
 SPECIALS = sp_tokenizer.SPECIALS
 # Texts whose ids must agree exactly between sentencepiece and the export.
@@ -214,7 +214,7 @@ def exported(prepared, corpus_glob, tmp_path_factory):
   """A micro model trained 8 steps, exported: (run, export dir)."""
   config = micro_config(corpus_glob, prepared[0].data.data_dir)
   workdir = str(tmp_path_factory.mktemp('hf_run'))
-  trainer.train_and_evaluate(config, workdir)
+  run_training(config, workdir)
   out = str(tmp_path_factory.mktemp('hf_export'))
   return export_lib.export(workdir, out), out
 
@@ -300,7 +300,7 @@ def test_training_continues_from_an_exported_model(exported, corpus_glob, tmp_pa
   config.tokenizer.vocab_size = 777  # Ignored: the export's tokenizer.model is used.
   config.train.num_steps = 1  # The first update has learning rate 0 (warm-up).
   workdir = str(tmp_path / 'continued')
-  trainer.train_and_evaluate(config, workdir)
+  run_training(config, workdir)
   _, params, _ = checkpoint.restore_params(os.path.join(workdir, 'checkpoints'))
   vocab = run.model_cfg.vocab_size
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -328,4 +328,4 @@ def test_hf_dir_without_tokenizer_files_is_refused(exported, corpus_glob, tmp_pa
   config = micro_config(corpus_glob, str(tmp_path / 'data'))
   config.init.hf_dir = str(bare)
   with pytest.raises(config_lib.ConfigError, match='has no tokenizer files'):
-    trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+    run_training(config, str(tmp_path / 'run'))

@@ -17,10 +17,10 @@ from mlm_jax.data import masking
 from mlm_jax.data import mixture
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
-from mlm_jax.training import loop as trainer
 from mlm_jax.training import preemption
 from tests.conftest import REPO
 from tests.conftest import micro_config
+from tests.conftest import run_training
 from tests.conftest import write_config_file
 from tests.test_train import _params
 from tests.test_train import _records
@@ -170,15 +170,15 @@ def test_a_mixture_trains_in_its_ratio_resumes_exactly_and_reports_per_source(tm
   # Train 10 steps, stopped by SIGTERM after step 3 and run again: bit-identical to a
   # run that never stopped.
   whole = str(tmp_path / 'whole')
-  trainer.train_and_evaluate(config, whole)
+  run_training(config, whole)
   stopped = str(tmp_path / 'stopped')
   old = preemption._TEST_SIGNAL
   preemption._TEST_SIGNAL = (signal.SIGTERM, 'step', 3)
   try:
-    assert trainer.train_and_evaluate(config, stopped)['step'] == 3
+    assert run_training(config, stopped)['step'] == 3
   finally:
     preemption._TEST_SIGNAL = old
-  assert trainer.train_and_evaluate(config, stopped)['step'] == 10
+  assert run_training(config, stopped)['step'] == 10
   for a, b in zip(jax.tree_util.tree_leaves(_params(whole, 10, config)),
                   jax.tree_util.tree_leaves(_params(stopped, 10, config))):
     np.testing.assert_array_equal(a, b)

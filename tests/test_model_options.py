@@ -13,12 +13,12 @@ import pytest
 from mlm_jax import model as model_lib
 from mlm_jax.interop import hf
 from mlm_jax.training import checkpoint
-from mlm_jax.training import loop as trainer
 from mlm_jax.training import objective
 from mlm_jax.training import optimizer
 from mlm_jax.training import state as state_lib
 from mlm_jax.training import step as step_lib
 from tests.conftest import model_config
+from tests.conftest import run_training
 
 B, T, P = 4, 16, 3
 
@@ -225,7 +225,7 @@ def test_training_with_sop_whole_word_masking_and_droptoken_logs_pair_metrics_an
   config.masking.mode = 'whole_word'
   config.model.drop_token_rate = 0.25
   config.train.num_steps = 4
-  summary = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  summary = run_training(config, str(tmp_path / 'run'))
   assert summary['step'] == 4
   with open(tmp_path / 'run' / 'metrics.jsonl') as f:
     records = [json.loads(line) for line in f]

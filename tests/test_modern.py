@@ -26,6 +26,7 @@ from mlm_jax.training import build as build_lib
 from tests.conftest import as_modern
 from tests.conftest import micro_config
 from tests.conftest import model_config
+from tests.conftest import run_training
 
 SPECIALS = sp_tokenizer.SPECIALS  # Ids 0-4: the layout of the tokenizers trained here.
 V, T = 300, 32  # A vocabulary that is not a multiple of 128: the model has padding rows.
@@ -402,12 +403,11 @@ def test_export_loads_as_modernbert_with_our_logits_and_round_trips(attn_impleme
 def exported_run(prepared, corpus_glob, tmp_path_factory):
   """A micro run of variant 'modern' (a local layer with a window < T), trained and exported."""
   from mlm_jax.interop import mlm_export as export_lib
-  from mlm_jax.training import loop as trainer
   _transformers()
   config = as_modern(micro_config(corpus_glob, prepared[0].data.data_dir))
   config.train.num_steps, config.train.eval_every, config.train.checkpoint_every = 4, 4, 4
   workdir = str(tmp_path_factory.mktemp('modern_run'))
-  trainer.train_and_evaluate(config, workdir)
+  run_training(config, workdir)
   out = str(tmp_path_factory.mktemp('modern_export'))
   return export_lib.export(workdir, out), out
 

@@ -13,8 +13,8 @@ from mlm_jax.probing import features
 from mlm_jax.probing import runs
 from mlm_jax.probing import scalar_mix
 from mlm_jax.probing import tasks
-from mlm_jax.training import loop as trainer
 from tests.conftest import REPO
+from tests.conftest import run_training
 
 _FAST = scalar_mix.ProbeConfig(hidden=32, steps=150)
 
@@ -79,7 +79,7 @@ def _train(prepared, tmp_path_factory, name: str, changes: dict) -> str:
     section, field = key.split('.')
     config[section][field] = value
   workdir = str(tmp_path_factory.mktemp(name))
-  trainer.train_and_evaluate(config, workdir)
+  run_training(config, workdir)
   return workdir
 
 

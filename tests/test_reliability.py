@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from mlm_jax import configuration
+from mlm_jax import saved_config
 from mlm_jax.finetuning import config as finetune_config
 from mlm_jax.finetuning import loop as finetune_loop
 from mlm_jax.training import checkpoint
@@ -454,14 +455,14 @@ def test_a_workdir_of_an_older_version_is_one_line_not_filled_in(prepared, tmp_p
 def test_fields_added_since_a_run_was_saved_are_read_as_what_the_run_did(prepared):
   config, _ = prepared
   saved = config.to_dict()
-  for name in configuration.ADDED_FIELDS:
+  for name in saved_config.ADDED_FIELDS:
     section, key = name.split('.')
     del saved[section][key]
-  read = configuration.saved_config(saved, 'config.json')
+  read = saved_config.read(saved, 'config.json')
   assert not read.model.document_mask and not read.model.restart_positions
   assert read.data.ids_key == '' and tuple(read.data.sources) == ()
   assert read.model.to_dict() == {**config.model.to_dict(), 'document_mask': False,
                                   'restart_positions': False}
   del saved['masking']['mode']  # Not an added field: still refused, and named alone.
   with pytest.raises(configuration.ConfigError, match=r'it lacks config\.masking\.mode\. Train'):
-    configuration.saved_config(saved, 'config.json')
+    saved_config.read(saved, 'config.json')

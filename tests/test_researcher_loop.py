@@ -18,10 +18,10 @@ from mlm_jax import model as model_lib
 from mlm_jax.analysis import layer_report
 from mlm_jax.analysis import plot
 from mlm_jax.perf import flops
-from mlm_jax.training import loop as trainer
 from mlm_jax.training import metrics
 from mlm_jax.training import summary as run_summary
 from tests.conftest import model_config
+from tests.conftest import run_training
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -45,7 +45,7 @@ def run(prepared, tmp_path_factory):
   """One 8-step micro run (steps 2-4 profiled), shared by the tests below."""
   config = _config(prepared)
   workdir = str(tmp_path_factory.mktemp('researcher') / 'run_a')
-  summary = trainer.train_and_evaluate(config, workdir)
+  summary = run_training(config, workdir)
   return config, workdir, summary
 
 
@@ -97,7 +97,7 @@ def test_resumed_run_counts_all_tokens_and_tensorboard_hides_the_lost_steps(run,
   config = config.copy_and_resolve_references()
   config.profile.num_steps = 0
   config.profile.peak_tflops = 1.0  # An override gives an MFU even on a CPU.
-  again = trainer.train_and_evaluate(config, resumed)
+  again = run_training(config, resumed)
   assert (again['start_step'], again['step']) == (4, 8)
   # Data and masks are functions of (seed, step): the same tokens again.
   assert again['tokens_seen_from_step'] == 0

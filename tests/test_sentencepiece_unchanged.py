@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import micro_config
+from tests.conftest import run_training
 
 RECORDED_LOSSES = [6.385907173156738, 6.400411605834961, 6.3932414054870605, 6.331435203552246,
                    6.268971920013428, 6.214271068572998, 6.2123565673828125, 6.161749362945557]
@@ -41,11 +42,10 @@ def synthetic_corpus(directory: pathlib.Path) -> str:
 
 @pytest.mark.slow
 def test_sentencepiece_tokenizer_rows_and_losses_are_as_recorded(tmp_path):
-  from mlm_jax.training import loop
   config = micro_config(synthetic_corpus(tmp_path / 'corpus'), str(tmp_path / 'data'))
   config.train.log_every = 1
   config.train.concurrent_chains = 1
-  loop.train_and_evaluate(config, str(tmp_path / 'run'))
+  run_training(config, str(tmp_path / 'run'))
   with open(tmp_path / 'data' / 'tokenizer.model', 'rb') as f:
     assert hashlib.sha256(f.read()).hexdigest() == RECORDED_TOKENIZER_SHA256
   rows = hashlib.sha256()

@@ -20,6 +20,7 @@ from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.training import checkpoint
 from mlm_jax.training import workdir as workdir_lib
 from tests.conftest import write_corpus
+from tests.test_tables import bucket  # noqa: F401  (the fixture: gs:// served from tmp_path)
 
 KINDS = ('sentencepiece', 'wordpiece', 'bpe')
 # A made-up word, frequent in its own documents, and a rare word (added as a token below).
@@ -306,3 +307,51 @@ def test_a_run_keeps_its_tokenizer_and_refuses_another(by_kind, tmp_path):
   workdir_lib.check_tokenizer(str(workdir), sentencepiece.tokenizer)
   with pytest.raises(checkpoint.CheckpointMismatchError, match='tokenizer'):
     workdir_lib.check_tokenizer(str(workdir), wordpiece.tokenizer)
+
+
+def test_a_tokenizer_at_a_bucket_url_loads_as_it_does_from_disk(by_kind, small_corpus, bucket,
+                                                                tmp_path):
+  """A workdir's, a data dir's and a published tokenizer read from gs:// (served here from a
+  local directory through fsspec), given to a run as config.tokenizer.model_file, and written
+  back to a bucket."""
+  text = [f'The {WORD} hums; a {RARE} sings at night.']
+  for kind in KINDS:
+    local = by_kind[kind][1].tokenizer
+    workdir_lib.record(str(tmp_path / kind), {'resolved': {}}, local)
+    shutil.copytree(tmp_path / kind, bucket / 'runs' / kind)
+    url = f'gs://bucket/runs/{kind}'
+    for path in (url, tok_lib.tokenizer_files(url)):
+      remote = tok_lib.load(path)
+      assert remote.digest() == local.digest() and remote.vocab_size == local.vocab_size
+      assert remote.encode(text) == local.encode(text)
+    saved = local.save(f'gs://bucket/saved/{kind}')
+    assert saved.startswith('gs://bucket/saved/') and tok_lib.load(saved).digest() == local.digest()
+  # BERT's published form: a WordPiece vocab.txt alone.
+  pieces = by_kind['wordpiece'][1].tokenizer.pieces()
+  for directory in (bucket / 'bert', tmp_path / 'bert'):
+    directory.mkdir()
+    (directory / 'vocab.txt').write_text('\n'.join(pieces) + '\n', encoding='utf-8')
+  assert (tok_lib.load('gs://bucket/bert').encode(text)
+          == tok_lib.load(str(tmp_path / 'bert')).encode(text))
+  # A run given the tokenizer at a URL prepares with it.
+  config = _config(small_corpus, tmp_path / 'data', 'wordpiece')
+  config.tokenizer.model_file = 'gs://bucket/runs/wordpiece/tokenizer/tokenizer.json'
+  tok_lib.check_config(config.tokenizer)
+  assert prepare.prepare(config).tokenizer.digest() == by_kind['wordpiece'][1].tokenizer.digest()
+  config.tokenizer.model_file = 'gs://bucket/runs/nothing.json'
+  with pytest.raises(ConfigError, match="model_file='gs://bucket/runs/nothing.json': no such"):
+    tok_lib.check_config(config.tokenizer)
+
+
+def test_a_tokenizer_is_read_once_until_its_files_change(by_kind, tmp_path):
+  """The config check, prepare and the loop all ask tok_lib.load: one reading serves them."""
+  for kind in KINDS:
+    directory = tmp_path / kind
+    path = by_kind[kind][1].tokenizer.save(str(directory))
+    first = tok_lib.load(str(directory))
+    assert tok_lib.load(str(directory)) is first and tok_lib.load(path) is first
+    # Written again (here: its modification time set back): read again.
+    changed = directory / ('tokenizer_config.json' if kind != 'sentencepiece' else
+                           sp_tokenizer.FILE_NAME)
+    os.utime(changed, ns=(0, 0))
+    assert tok_lib.load(str(directory)) is not first

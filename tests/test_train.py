@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from mlm_jax.training import checkpoint
-from mlm_jax.training import loop as trainer
 from mlm_jax.training import optimizer
 from tests.conftest import micro_config
+from tests.conftest import run_training
 from tests.conftest import write_config_file
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ def _params(workdir, step, config):
 def test_train_writes_metrics_config_checkpoints_and_resumes_identically(prepared, tmp_path):
   config, _ = prepared
   workdir = str(tmp_path / 'run')
-  summary = trainer.train_and_evaluate(config, workdir)
+  summary = run_training(config, workdir)
   assert summary['step'] == 8
   records = _records(workdir)
   train = [r for r in records if 'loss' in r]
@@ -59,7 +59,7 @@ def test_train_writes_metrics_config_checkpoints_and_resumes_identically(prepare
   # reaches the very same parameters (data, masks and dropout are functions
   # of (seed, step); the schedule continues from the restored step).
   shutil.rmtree(os.path.join(workdir, 'checkpoints', '8'))
-  summary = trainer.train_and_evaluate(config, workdir)
+  summary = run_training(config, workdir)
   assert summary['step'] == 8
   resumed = _records(workdir)[len(records):]
   assert [r['step'] for r in resumed if 'loss' in r] == [6, 8]
@@ -68,7 +68,7 @@ def test_train_writes_metrics_config_checkpoints_and_resumes_identically(prepare
     np.testing.assert_array_equal(a, b)
 
   # Already at num_steps: a rerun does nothing and says so.
-  assert trainer.train_and_evaluate(config, workdir)['step'] == 8
+  assert run_training(config, workdir)['step'] == 8
 
 
 @pytest.mark.slow
@@ -77,11 +77,11 @@ def test_resume_with_another_model_shape_is_refused(prepared, tmp_path):
   workdir = str(tmp_path / 'run')
   config = config.copy_and_resolve_references()
   config.train.num_steps = 4
-  trainer.train_and_evaluate(config, workdir)
+  run_training(config, workdir)
   config.model.hidden_size = 64
   config.train.num_steps = 8
   with pytest.raises(checkpoint.CheckpointMismatchError, match='hidden_size'):
-    trainer.train_and_evaluate(config, workdir)
+    run_training(config, workdir)
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['4']
   # The refused resume left the run's record alone.
   with open(os.path.join(workdir, 'config.json')) as f:
@@ -94,13 +94,13 @@ def test_resume_with_another_tokenizer_is_refused(prepared, tmp_path):
   workdir = tmp_path / 'run'
   config = config.copy_and_resolve_references()
   config.train.num_steps = 2
-  trainer.train_and_evaluate(config, str(workdir))
+  run_training(config, str(workdir))
   # Same vocabulary size, other pieces: a data dir prepared again with other settings.
   recorded = (workdir / 'tokenizer.model').read_bytes()
   (workdir / 'tokenizer.model').write_bytes(recorded + b'\0')
   config.train.num_steps = 4
   with pytest.raises(checkpoint.CheckpointMismatchError, match='tokenizer'):
-    trainer.train_and_evaluate(config, str(workdir))
+    run_training(config, str(workdir))
   assert (workdir / 'tokenizer.model').read_bytes() == recorded + b'\0'
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['2']
 
@@ -172,13 +172,13 @@ def test_diverging_run_stops_with_the_step_and_keeps_the_last_good_checkpoint(pr
   config = config.copy_and_resolve_references()
   workdir = str(tmp_path / 'run')
   config.train.num_steps = 4
-  trainer.train_and_evaluate(config, workdir)
+  run_training(config, workdir)
   config.train.num_steps = 40
   config.train.learning_rate = 1e30
   config.train.grad_clip_norm = 0.0
   config.train.log_every = 3  # Does not divide checkpoint_every: saves check too.
   with pytest.raises(FloatingPointError, match=r'at step \d+'):
-    trainer.train_and_evaluate(config, workdir)
+    run_training(config, workdir)
   kept = sorted(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints')))
   params = _params(workdir, kept[-1], config)
   assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(params))

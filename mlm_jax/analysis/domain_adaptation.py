@@ -155,9 +155,17 @@ def _trained(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   """Trains `config` in `workdir` (or finds it trained), then evaluates its last weights as
   every other model here is evaluated."""
   from mlm_jax.training import loop  # pylint: disable=import-outside-toplevel
-  loop.train_and_evaluate(config, workdir)
-  return _figures(loop.evaluate_start(_with(config, {'init.hf_dir': '', 'init.workdir': workdir,
-                                                     'tokenizer.model_file': ''})))
+  loop.train_and_evaluate(_resolved(config), workdir)
+  return _figures(loop.evaluate_start(_resolved(_with(
+      config, {'init.hf_dir': '', 'init.workdir': workdir, 'tokenizer.model_file': ''}))))
+
+
+def _resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` as a run uses it (configuration.resolve): what each stage hands the loop."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from mlm_jax import configuration  # pylint: disable=import-outside-toplevel
+  return configuration.resolve(config, num_devices=jax.device_count())
 
 
 def run(out: str, *, general_steps: int = 2000, domain_steps: int = 1000,
@@ -194,7 +202,7 @@ def run(out: str, *, general_steps: int = 2000, domain_steps: int = 1000,
     return result[name]
 
   before = _with(domain, {'init.hf_dir': published})
-  stage('before', lambda: _figures(loop.evaluate_start(before)))
+  stage('before', lambda: _figures(loop.evaluate_start(_resolved(before))))
   warmup = max(1, round(warmup_fraction * domain_steps))
   for lr in learning_rates:
     stage(f'continued_lr{lr:g}', lambda lr=lr: _trained(
@@ -205,9 +213,9 @@ def run(out: str, *, general_steps: int = 2000, domain_steps: int = 1000,
   best_dir = os.path.join(out, f'continued_lr{best:g}')
   general_heldout = _with(config, {'data.corpus': paths['general'], 'data.data_dir': general_data})
   stage('general_before', lambda: _figures(loop.evaluate_start(
-      _with(general_heldout, {'init.hf_dir': published}))))
+      _resolved(_with(general_heldout, {'init.hf_dir': published})))))
   stage('general_after', lambda: _figures(loop.evaluate_start(
-      _with(general_heldout, {'init.workdir': best_dir}))))
+      _resolved(_with(general_heldout, {'init.workdir': best_dir})))))
   scratch_dir = os.path.join(out, 'scratch')
   stage('scratch', lambda: _trained(_with(domain, {'tokenizer.model_file': published}),
                                     scratch_dir))

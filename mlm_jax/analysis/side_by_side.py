@@ -33,6 +33,7 @@ from mlm_jax.config_check import require
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
+from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop import torch_mlm
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
@@ -97,7 +98,8 @@ def _ours(config: ml_collections.ConfigDict, seed_dir: str) -> dict[str, Any]:
       done = json.load(f)
     if done.get('final_eval_step') == config.train.num_steps and 'eval_mask_accuracy' in done:
       return _ours_figures(done)
-  return _ours_figures(loop.train_and_evaluate(config, seed_dir))
+  resolved = configuration.resolve(config, num_devices=jax.device_count())
+  return _ours_figures(loop.train_and_evaluate(resolved, seed_dir))
 
 
 def _as_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -150,7 +152,7 @@ def train_hf_model(config: ml_collections.ConfigDict, log: Callable[[str], None]
   masker = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   mesh = sharding.make_mesh(config.mesh.fsdp)
   # Our model's shape and compute dtype, as the trainer resolves them; nothing is allocated.
-  vocab_size = configuration.model_vocab_size(config, data.tokenizer.vocab_size)
+  vocab_size = tok_lib.model_vocab_size(config.model.vocab_size, data.tokenizer.vocab_size)
   model_cfg = build_lib.build(config, vocab_size, mesh).model_cfg
   model = torch_mlm.TorchMLM(config, model_cfg, specials=data.tokenizer.specials,
                              use_gpu=jax.default_backend() == 'gpu')

@@ -1,6 +1,8 @@
 """Hugging Face `tokenizers`: a published tokenizer.json or vocab.txt, or one trained here.
 
-The only module that imports `tokenizers`. A tokenizer read from a directory
+The only module that imports `tokenizers` (also for exporting a
+sentencepiece tokenizer as a tokenizer.json: `from_sentencepiece`). A
+tokenizer read from a directory
 keeps that directory's tokenizer files byte for byte (`files`) and writes
 them back unchanged, so an export carries the source's tokenizer rather than
 a re-derived one; only tokens added here (`add_tokens`) rewrite
@@ -15,6 +17,7 @@ them falls back to the usual spellings ([PAD] / <pad>, ...).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from collections.abc import Iterable
@@ -24,7 +27,9 @@ from typing import Any
 import numpy as np
 import tokenizers as tk
 
-from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.data import paths
+from mlm_jax.data import sp_tokenizer
+from mlm_jax.data import tokenizer_base as tok_lib
 
 # The files of a Hugging Face tokenizer directory that are carried along.
 FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.txt',
@@ -62,13 +67,13 @@ class HFTokenizer(tok_lib.Tokenizer):
 
   @classmethod
   def from_path(cls, path: str) -> HFTokenizer:
-    """A tokenizer.json or a WordPiece vocab.txt, with the tokenizer files beside it."""
-    directory = os.path.dirname(os.path.abspath(path))
-    files = {}
+    """A tokenizer.json or a WordPiece vocab.txt (a local path or a bucket URL), with the
+    tokenizer files beside it; all are read into memory, where `tokenizers` loads them from."""
+    directory, files = directory_of(path), {}
     for name in FILES:
-      p = os.path.join(directory, name)
-      if os.path.isfile(p):
-        with open(p, 'rb') as f:
+      p = paths.join(directory, name)
+      if paths.isfile(p):
+        with paths.open_binary(p) as f:
           files[name] = f.read()
     if os.path.basename(path) == 'tokenizer.json':
       try:
@@ -77,7 +82,7 @@ class HFTokenizer(tok_lib.Tokenizer):
         raise ValueError(f'{path} is not a tokenizers tokenizer.json: {e}') from e
     elif os.path.basename(path) == 'vocab.txt':
       config = json.loads(files.get('tokenizer_config.json', b'{}'))
-      tokenizer = _wordpiece_from_vocab(path, config.get('do_lower_case', True))
+      tokenizer = _wordpiece_from_vocab(files['vocab.txt'], config.get('do_lower_case', True))
     else:
       raise ValueError(f'{path}: not a tokenizer.json or vocab.txt.')
     return cls(tokenizer, files, source=path)
@@ -158,12 +163,11 @@ class HFTokenizer(tok_lib.Tokenizer):
     return starts
 
   def save(self, directory: str) -> str:
-    os.makedirs(directory, exist_ok=True)
     for name, data in self.files.items():
-      with open(os.path.join(directory, name), 'wb') as f:
+      with paths.open_write(paths.join(directory, name)) as f:
         f.write(data)
-    return os.path.join(directory, 'tokenizer.json' if 'tokenizer.json' in self.files
-                        else 'vocab.txt')
+    return paths.join(directory, 'tokenizer.json' if 'tokenizer.json' in self.files
+                      else 'vocab.txt')
 
   def digest(self) -> str:
     h = hashlib.sha256()
@@ -203,10 +207,16 @@ class HFTokenizer(tok_lib.Tokenizer):
     return HFTokenizer(new, files, self.source), spelled
 
 
-def _wordpiece_from_vocab(path: str, lowercase: bool) -> tk.Tokenizer:
-  """BERT's tokenizer from its vocab.txt, as transformers' BertTokenizerFast builds it."""
-  with open(path, encoding='utf-8') as f:
-    vocab = {line.rstrip('\n'): i for i, line in enumerate(f)}
+def directory_of(path: str) -> str:
+  """The directory of a tokenizer file (a local path or a bucket URL): its other files' home."""
+  return os.path.dirname(paths.absolute(path))
+
+
+def _wordpiece_from_vocab(vocab_txt: bytes, lowercase: bool) -> tk.Tokenizer:
+  """BERT's tokenizer from its vocab.txt's bytes, as transformers' BertTokenizerFast builds it."""
+  # Read as a text file reads (universal newlines), so ids are those of the file's lines.
+  lines = io.TextIOWrapper(io.BytesIO(vocab_txt), encoding='utf-8')
+  vocab = {line.rstrip('\n'): i for i, line in enumerate(lines)}
   out = tk.Tokenizer(tk.models.WordPiece(vocab, unk_token='[UNK]', max_input_chars_per_word=100))
   _bert_pipeline(out, lowercase)
   specials = [t for t in tok_lib.SPECIAL_TOKENS if t in vocab]
@@ -281,3 +291,61 @@ def train(kind: str, lines: Iterable[str], directory: str, *, vocab_size: int,
   result = HFTokenizer(out, files, source=directory)
   result.save(directory)
   return result
+
+
+def from_sentencepiece(tokenizer: sp_tokenizer.SentencePieceTokenizer) -> tk.Tokenizer:
+  """Our sentencepiece unigram model (a SentencePieceTokenizer) as a `tokenizers.Tokenizer`
+  giving the same ids, its special tokens those of `tokenizer.specials`.
+
+  Sentencepiece normalises the whole text (charsmap, then whitespace: strip,
+  collapse runs, a leading '▁', spaces as '▁') and runs one Viterbi over it in
+  which [CLS]/[SEP]/[MASK] (user-defined symbols) score -0.1 and control,
+  unknown and byte pieces are not matched at all. The same here: everything
+  is in the normalizer, there is no pre-tokenizer, and unmatchable pieces
+  score so low that no path takes them. Special tokens must therefore not be
+  split out before normalisation: the transformers side sets
+  `split_special_tokens`, and the Viterbi finds them as sentencepiece does.
+
+  Known differences, all rare: (1) tokenizers applies the charsmap per
+  grapheme cluster, sentencepiece by longest match, so a few clusters of a
+  base character and combining marks (e.g. halfwidth katakana + voiced mark,
+  conjoining Hangul jamo) normalise differently; (2) between segmentations of
+  exactly equal score (e.g. '9'+'999' vs '999'+'9' in a run of digits)
+  sentencepiece's float32 sums pick one, tokenizers' exact sums the other;
+  (3) literal text spelling a control/unknown/byte piece ('[UNK]', '<0x41>')
+  that contains a character missing from the vocabulary becomes that piece.
+  """
+  spec = tokenizer.spec()
+  expected = {'model_type': 'unigram', 'add_dummy_prefix': True, 'remove_extra_whitespaces': True,
+              'escape_whitespaces': True, 'treat_whitespace_as_suffix': False}
+  for key, value in expected.items():
+    if spec[key] != value:
+      raise ValueError(f'{tokenizer.model_path}: sentencepiece {key}={spec[key]!r} has no '
+                       f'Hugging Face equivalent here (only {value!r}).')
+  normal = [score for _, score, kind in spec['pieces'] if kind == 'normal']
+  never = min(normal) - 1e6
+  user_defined = float(np.float32(-0.1))  # Sentencepiece: length * FLT_MIN - 0.1f.
+  vocab = [(piece, score if kind == 'normal' else user_defined if kind == 'user_defined' else never)
+           for piece, score, kind in spec['pieces']]
+  unk_id = next(i for i, (_, _, kind) in enumerate(spec['pieces']) if kind == 'unknown')
+  out = tk.Tokenizer(tk.models.Unigram(vocab, unk_id=unk_id, byte_fallback=spec['byte_fallback']))
+  n = tk.normalizers
+  # After the charsmap: collapse runs of spaces, strip both ends, then the
+  # dummy prefix and '▁' for every space (Prepend leaves an empty text empty).
+  steps = [n.Replace(tk.Regex(' {2,}'), ' '), n.Replace(tk.Regex(r'\A | \z'), ''),
+           n.Prepend('\u2581'), n.Replace(' ', '\u2581')]
+  if spec['precompiled_charsmap']:
+    steps.insert(0, n.Precompiled(spec['precompiled_charsmap']))
+  out.normalizer = n.Sequence(steps)
+  d = tk.decoders
+  out.decoder = d.Sequence(
+      [d.Replace('\u2581', ' '), d.ByteFallback(), d.Fuse(), d.Strip(' ', 1, 0)])
+  specials = tokenizer.specials
+  cls, sep = specials.token('cls'), specials.token('sep')
+  out.post_processor = tk.processors.TemplateProcessing(
+      single=f'{cls}:0 $A:0 {sep}:0', pair=f'{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1',
+      special_tokens=[(cls, specials.cls), (sep, specials.sep)])
+  out.add_special_tokens([tk.AddedToken(t, special=True, normalized=False)
+                          for t in specials.tokens])
+  out.encode_special_tokens = True
+  return out

@@ -661,11 +661,7 @@ def _tokenizer(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Confi
     info = {'trained': False, 'model_file': tok.model_file}
     if tok.add_tokens:
       tokenizer, info['added_tokens'] = _add_tokens(tokenizer, tok.add_tokens, out)
-    if isinstance(tokenizer, sp_tokenizer.SentencePieceTokenizer):
-      os.makedirs(tmp_dir)  # The given file's bytes, as they are.
-      shutil.copyfile(tokenizer.model_path, os.path.join(tmp_dir, _SP_TOKENIZER))
-    else:
-      tokenizer.save(tmp_dir)
+    tokenizer.save(tmp_dir)  # A sentencepiece model: the given file's bytes, as they are.
   else:
     kind = tok.model_type if tok.kind == 'sentencepiece' else tok.kind
     logging.info('Training a %s tokenizer (vocab %d)', kind, tok.vocab_size)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 from collections.abc import Iterable
 from collections.abc import Sequence
 
@@ -18,7 +17,8 @@ import numpy as np
 import sentencepiece as spm
 
 from mlm_jax.data import line_sample
-from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.data import paths
+from mlm_jax.data import tokenizer_base as tok_lib
 from mlm_jax.runtime import cores
 
 FILE_NAME = 'tokenizer.model'
@@ -29,10 +29,16 @@ SPECIALS = tok_lib.Specials(pad=0, unk=1, cls=2, sep=3, mask=4,
                             tokens=tok_lib.SPECIAL_TOKENS)
 
 
+def _read(path: str) -> bytes:
+  """A model file's bytes (a local path or a bucket URL): sentencepiece loads them from memory."""
+  with paths.open_binary(path) as f:
+    return f.read()
+
+
 def is_mlm_jax_model(path: str) -> bool:
   """Whether `path` is a sentencepiece model with this project's special-token layout."""
   try:
-    sp = spm.SentencePieceProcessor(model_file=path)
+    sp = spm.SentencePieceProcessor(model_proto=_read(path))
   except (OSError, RuntimeError):
     return False
   return (sp.get_piece_size() > SPECIALS.mask
@@ -46,7 +52,12 @@ class SentencePieceTokenizer(tok_lib.Tokenizer):
 
   def __init__(self, model_path: str):
     self.model_path = model_path
-    self._sp = spm.SentencePieceProcessor(model_file=model_path)
+    # The file's bytes as they are: save() writes them back unchanged, digest() hashes them.
+    self._file = _read(model_path)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_proto=self._file)
+    except RuntimeError as e:
+      raise ValueError(f'{model_path} is not a sentencepiece model: {e}') from e
     pieces = [self._sp.id_to_piece(i) for i in SPECIALS.ids]
     if tuple(pieces) != SPECIALS.tokens:
       raise ValueError(
@@ -85,15 +96,14 @@ class SentencePieceTokenizer(tok_lib.Tokenizer):
     return np.array([p.startswith('\u2581') for p in self.pieces()], bool)
 
   def save(self, directory: str) -> str:
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, FILE_NAME)
-    with open(path, 'wb') as f:
-      f.write(self.model_proto)
+    """Writes DIRECTORY/tokenizer.model: the bytes of the file it was loaded from."""
+    path = paths.join(directory, FILE_NAME)
+    with paths.open_write(path) as f:
+      f.write(self._file)
     return path
 
   def digest(self) -> str:
-    with open(self.model_path, 'rb') as f:
-      return hashlib.sha256(f.read()).hexdigest()
+    return hashlib.sha256(self._file).hexdigest()
 
   def spec(self) -> dict:
     """The model's algorithm, normalizer settings and pieces, for re-implementing it elsewhere.
@@ -167,8 +177,7 @@ def train(lines: Iterable[str], directory: str, *, vocab_size: int, model_type: 
       num_threads=cores.usable_cores(),
       minloglevel=2,
   )
-  os.makedirs(directory, exist_ok=True)
-  path = os.path.join(directory, FILE_NAME)
-  with open(path, 'wb') as f:
+  path = paths.join(directory, FILE_NAME)
+  with paths.open_write(path) as f:
     f.write(model.getvalue())
   return SentencePieceTokenizer(path)

@@ -1,6 +1,6 @@
-"""The tokenizer seam: what the rest of mlm_jax asks of a tokenizer, and where one comes from.
+"""The tokenizer seam's factory: where a tokenizer comes from (`load`, `train`) and its config.
 
-Two implementations:
+Two implementations, both of the interface in tokenizer_base:
   sp_tokenizer.SentencePieceTokenizer  sentencepiece, trained here (the default) or a
                                        `.model` written by mlm_jax;
   hf_tokenizer.HFTokenizer             Hugging Face `tokenizers`: any `tokenizer.json`
@@ -8,126 +8,48 @@ Two implementations:
                                        byte-level BPE, XLM-R's unigram), a WordPiece
                                        `vocab.txt`, or WordPiece / byte-level BPE trained here.
 
-Special tokens are found by role (pad, unk, cls, sep, mask) in the tokenizer
-itself; no module assumes their ids. A tokenizer is stored in a directory
-(a data dir, a workdir, an export) by `Tokenizer.save` and read back by `load`.
+The interface's names (`Tokenizer`, `Specials`, `ROLES`, `sanitize`,
+`model_vocab_size`, `padded_vocab_size`, ...) are importable from here too:
+the rest of mlm_jax imports this one module. A tokenizer is stored in a
+directory (a data dir, a workdir, an export) by `Tokenizer.save` and read
+back by `load`; every path may be a bucket URL (data/paths.py).
 """
 
 from __future__ import annotations
 
-import abc
-import dataclasses
+import collections
 import os
 from collections.abc import Iterable
-from collections.abc import Sequence
 
 import ml_collections
-import numpy as np
 
 from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
+from mlm_jax.data import hf_tokenizer
+from mlm_jax.data import paths
+from mlm_jax.data import sp_tokenizer
+from mlm_jax.data.tokenizer_base import ROLES
+from mlm_jax.data.tokenizer_base import SPECIAL_TOKENS
+from mlm_jax.data.tokenizer_base import Specials
+from mlm_jax.data.tokenizer_base import Tokenizer
+from mlm_jax.data.tokenizer_base import VOCAB_MULTIPLE
+from mlm_jax.data.tokenizer_base import model_vocab_size
+from mlm_jax.data.tokenizer_base import padded_vocab_size
+from mlm_jax.data.tokenizer_base import sanitize
+
+# The factory's own names and the interface's, which the rest of mlm_jax imports from here.
+__all__ = ['KINDS', 'MIN_VOCAB_SIZE', 'ROLES', 'SPECIAL_TOKENS', 'Specials', 'Tokenizer',
+           'VOCAB_MULTIPLE', 'check_config', 'load', 'model_vocab_size', 'padded_vocab_size',
+           'sanitize', 'tokenizer_files', 'train']
 
 # config.tokenizer.kind: what a run with no tokenizer file trains.
 KINDS = ('sentencepiece', 'wordpiece', 'bpe')
-ROLES = ('pad', 'unk', 'cls', 'sep', 'mask')
-# The special tokens of the tokenizers trained here, in ROLES order.
-SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
-# Literal special-token strings in corpus text would be read as the special
-# tokens of a tokenizer trained here; prepare rewrites them as plain words.
-_LITERAL_SPECIALS = {tok: tok[1:-1] for tok in SPECIAL_TOKENS}
 # The special tokens, 256 byte-fallback pieces, and room for some words.
 MIN_VOCAB_SIZE = 300
-
-
-@dataclasses.dataclass(frozen=True)
-class Specials:
-  """The ids of a tokenizer's special tokens by role, and their strings (in ROLES order)."""
-
-  pad: int
-  unk: int
-  cls: int
-  sep: int
-  mask: int
-  tokens: tuple[str, ...]
-
-  @property
-  def ids(self) -> tuple[int, ...]:
-    return (self.pad, self.unk, self.cls, self.sep, self.mask)
-
-  @property
-  def never_masked(self) -> tuple[int, ...]:
-    """Ids that structure a row ([PAD], [CLS], [SEP]): never selected for prediction."""
-    return (self.pad, self.cls, self.sep)
-
-  def token(self, role: str) -> str:
-    return self.tokens[ROLES.index(role)]
-
-
-class Tokenizer(abc.ABC):
-  """Text <-> ids, with the special ids by role and the word starts whole-word masking needs."""
-
-  kind: str  # 'sentencepiece', 'wordpiece', 'bpe' or 'unigram' (a tokenizer.json's model)
-  specials: Specials
-
-  @property
-  @abc.abstractmethod
-  def vocab_size(self) -> int:
-    """Number of ids the tokenizer can produce (its pieces and added tokens)."""
-
-  @abc.abstractmethod
-  def encode(self, texts: Sequence[str], num_threads: int = 0) -> list[list[int]]:
-    """Ids of each text, without [CLS]/[SEP]; a special token spelled in the text is that token
-    (as a user writes 'A [MASK] B'). num_threads 0: one per core."""
-
-  @abc.abstractmethod
-  def encode_documents(self, texts: Sequence[str], num_threads: int = 0) -> list[list[int]]:
-    """Ids of corpus documents: special-token strings in them are plain text."""
-
-  @abc.abstractmethod
-  def decode(self, ids: Iterable[int]) -> str:
-    """The text of `ids`."""
-
-  @abc.abstractmethod
-  def id_to_piece(self, i: int) -> str:
-    """The piece (token string) of id i."""
-
-  @abc.abstractmethod
-  def special_ids(self) -> np.ndarray:
-    """[n] int64: every special id (the roles' and any other the tokenizer marks special)."""
-
-  @abc.abstractmethod
-  def word_start_mask(self) -> np.ndarray:
-    """[vocab] bool: ids whose piece begins a word (special and added tokens do)."""
-
-  @abc.abstractmethod
-  def save(self, directory: str) -> str:
-    """Writes the tokenizer's files into `directory`; returns the path `load` takes."""
-
-  @abc.abstractmethod
-  def digest(self) -> str:
-    """sha256 of the tokenizer's content: the same files give the same digest anywhere."""
-
-  def pieces(self) -> list[str]:
-    """Every piece, by id."""
-    return [self.id_to_piece(i) for i in range(self.vocab_size)]
-
-  def describe(self) -> str:
-    s = self.specials
-    return (f'{self.kind} tokenizer, {self.vocab_size:,} ids; '
-            + ', '.join(f'{t}={i}' for t, i in zip(s.tokens, s.ids)))
-
-
-def padded_vocab_size(vocab_size: int, multiple: int = 128) -> int:
-  """The model's embedding rows: vocab rounded up so matmuls tile evenly."""
-  return -(-vocab_size // multiple) * multiple
-
-
-def sanitize(text: str) -> str:
-  """Rewrites literal '[MASK]' etc. in raw text so they are not special."""
-  if '[' in text:
-    for tok, plain in _LITERAL_SPECIALS.items():
-      text = text.replace(tok, plain)
-  return text
+# Tokenizers loaded in this process, by the identity of the files they were read from: the
+# command's config check, prepare and the loop ask for the same one, which is read once.
+_LOADED: collections.OrderedDict[tuple, Tokenizer] = collections.OrderedDict()
+_MAX_LOADED = 8
 
 
 def tokenizer_files(directory: str) -> str | None:
@@ -137,46 +59,63 @@ def tokenizer_files(directory: str) -> str | None:
   tokenizer/ folder (a data dir's or workdir's Hugging Face tokenizer),
   tokenizer.json, a WordPiece vocab.txt.
   """
-  from mlm_jax.data import sp_tokenizer  # pylint: disable=import-outside-toplevel
-  sp = os.path.join(directory, sp_tokenizer.FILE_NAME)
-  if os.path.isfile(sp) and sp_tokenizer.is_mlm_jax_model(sp):
+  sp = paths.join(directory, sp_tokenizer.FILE_NAME)
+  if paths.isfile(sp) and sp_tokenizer.is_mlm_jax_model(sp):
     return sp
-  sub = os.path.join(directory, 'tokenizer')
-  if os.path.isdir(sub) and tokenizer_files(sub):
+  sub = paths.join(directory, 'tokenizer')
+  if paths.isdir(sub) and tokenizer_files(sub):
     return sub
   for name in ('tokenizer.json', 'vocab.txt'):
-    if os.path.isfile(os.path.join(directory, name)):
-      return os.path.join(directory, name)
+    if paths.isfile(paths.join(directory, name)):
+      return paths.join(directory, name)
   return None
 
 
 def load(path: str) -> Tokenizer:
-  """The tokenizer at `path`: a .model, tokenizer.json or vocab.txt file, or a directory with one.
+  """The tokenizer at `path`: a .model, tokenizer.json or vocab.txt file, or a directory with one
+  (a local path or a bucket URL).
 
-  Raises ValueError naming what is missing or wrong.
+  Raises ValueError naming what is missing or wrong. Files read before and
+  unchanged since give the same object again, not a second reading.
   """
-  from mlm_jax.data import hf_tokenizer  # pylint: disable=import-outside-toplevel
-  from mlm_jax.data import sp_tokenizer  # pylint: disable=import-outside-toplevel
-  path = os.path.expanduser(path)
-  if os.path.isdir(path):
+  path = paths.expand(path)
+  if paths.isdir(path):
     found = tokenizer_files(path)
     if found is None:
       raise ValueError(f'{path} holds no tokenizer: no tokenizer.json, vocab.txt or mlm_jax '
                        'tokenizer.model. Copy the tokenizer files the model was published with '
                        'into it (tokenizer.json and tokenizer_config.json).')
-    path = found if os.path.isfile(found) else tokenizer_files(found)
-  if not os.path.exists(path):
+    path = found if paths.isfile(found) else tokenizer_files(found)
+  if not paths.exists(path):
     raise ValueError(f'{path}: no such tokenizer file.')
-  if path.endswith('.model'):
-    return sp_tokenizer.SentencePieceTokenizer(path)
-  return hf_tokenizer.HFTokenizer.from_path(path)
+  sentencepiece = path.endswith('.model')
+  key = _identity(path, sentencepiece)
+  if key in _LOADED:
+    _LOADED.move_to_end(key)
+    return _LOADED[key]
+  if sentencepiece:
+    tok: Tokenizer = sp_tokenizer.SentencePieceTokenizer(path)
+  else:
+    tok = hf_tokenizer.HFTokenizer.from_path(path)
+  _LOADED[key] = tok
+  if len(_LOADED) > _MAX_LOADED:
+    _LOADED.popitem(last=False)
+  return tok
+
+
+def _identity(path: str, sentencepiece: bool) -> tuple:
+  """The path, size and modification time of every file a tokenizer at `path` is read from."""
+  if sentencepiece:
+    return (paths.absolute(path), tuple(paths.identity(path)))
+  directory = hf_tokenizer.directory_of(path)
+  files = [paths.join(directory, n) for n in hf_tokenizer.FILES]
+  return (paths.absolute(path),) + tuple(tuple(paths.identity(f)) for f in files
+                                          if paths.isfile(f))
 
 
 def train(kind: str, lines: Iterable[str], directory: str, tok: ml_collections.ConfigDict,
           seed: int) -> Tokenizer:
   """Trains a tokenizer of `kind` (KINDS) on `lines` by config.tokenizer; saves it in `directory`."""
-  from mlm_jax.data import hf_tokenizer  # pylint: disable=import-outside-toplevel
-  from mlm_jax.data import sp_tokenizer  # pylint: disable=import-outside-toplevel
   if kind == 'sentencepiece':
     return sp_tokenizer.train(lines, directory, vocab_size=tok.vocab_size,
                               model_type=tok.model_type,
@@ -188,7 +127,6 @@ def train(kind: str, lines: Iterable[str], directory: str, tok: ml_collections.C
 
 def check_config(tok: ml_collections.ConfigDict, check_paths: bool = True) -> None:
   """ConfigError for an invalid config.tokenizer (and, if asked, a missing model file)."""
-  from mlm_jax.data import sp_tokenizer  # pylint: disable=import-outside-toplevel
   one_of('tokenizer', 'kind', tok.kind, KINDS)
   require(tok.vocab_size >= MIN_VOCAB_SIZE,
           f'config.tokenizer.vocab_size={tok.vocab_size} is too small: it must hold the '
@@ -198,9 +136,10 @@ def check_config(tok: ml_collections.ConfigDict, check_paths: bool = True) -> No
   require(tok.max_sentences > 0, 'config.tokenizer.max_sentences must be positive.')
   if not check_paths:
     return
-  require(not tok.model_file or os.path.exists(os.path.expanduser(tok.model_file)),
+  require(not tok.model_file or paths.exists(paths.expand(tok.model_file)),
           f'config.tokenizer.model_file={tok.model_file!r}: no such file or directory. Give a '
           'sentencepiece model written by mlm_jax (WORKDIR/tokenizer.model), a tokenizer.json, '
           "a WordPiece vocab.txt or a directory holding one, or '' to train one.")
+  # A local file: prepare reads the words with the standard library.
   require(not tok.add_tokens or os.path.isfile(os.path.expanduser(tok.add_tokens)),
           f'config.tokenizer.add_tokens={tok.add_tokens!r}: no such file (one word per line).')

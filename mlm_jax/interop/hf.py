@@ -31,8 +31,10 @@ rows (HF logits then have exactly V columns); imports pad them back with
 zeros. V is the model's vocabulary (config.json's vocab_size), which may
 exceed its tokenizer's ids (ModernBERT's does).
 
-Only numpy is needed to convert; safetensors and tokenizers are imported when
-a file is read or written, and torch never is.
+Only numpy is needed to convert; safetensors is imported when a file is read
+or written, and torch never is. Tokenizers go through the tokenizer seam
+(data/tokenizer.py; a sentencepiece model's tokenizer.json is made by
+data/hf_tokenizer.py, the home of `tokenizers`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ import ml_collections
 import numpy as np
 
 from mlm_jax import model as model_lib
+from mlm_jax.data import hf_tokenizer
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop import modernbert
@@ -466,65 +469,6 @@ def save_model(out_dir: str, params: Params, cfg: model_lib.ModelConfig,
 # ---------------------------------------------------------------- tokenizer
 
 
-def hf_tokenizer(tokenizer: sp_tokenizer.SentencePieceTokenizer):
-  """Our sentencepiece unigram model (a SentencePieceTokenizer) as a `tokenizers.Tokenizer`
-  giving the same ids, its special tokens those of `tokenizer.specials`.
-
-  Sentencepiece normalises the whole text (charsmap, then whitespace: strip,
-  collapse runs, a leading '▁', spaces as '▁') and runs one Viterbi over it in
-  which [CLS]/[SEP]/[MASK] (user-defined symbols) score -0.1 and control,
-  unknown and byte pieces are not matched at all. The same here: everything
-  is in the normalizer, there is no pre-tokenizer, and unmatchable pieces
-  score so low that no path takes them. Special tokens must therefore not be
-  split out before normalisation: the transformers side sets
-  `split_special_tokens`, and the Viterbi finds them as sentencepiece does.
-
-  Known differences, all rare: (1) tokenizers applies the charsmap per
-  grapheme cluster, sentencepiece by longest match, so a few clusters of a
-  base character and combining marks (e.g. halfwidth katakana + voiced mark,
-  conjoining Hangul jamo) normalise differently; (2) between segmentations of
-  exactly equal score (e.g. '9'+'999' vs '999'+'9' in a run of digits)
-  sentencepiece's float32 sums pick one, tokenizers' exact sums the other;
-  (3) literal text spelling a control/unknown/byte piece ('[UNK]', '<0x41>')
-  that contains a character missing from the vocabulary becomes that piece.
-  """
-  tk = require('tokenizers')
-  spec = tokenizer.spec()
-  expected = {'model_type': 'unigram', 'add_dummy_prefix': True, 'remove_extra_whitespaces': True,
-              'escape_whitespaces': True, 'treat_whitespace_as_suffix': False}
-  for key, value in expected.items():
-    if spec[key] != value:
-      raise ValueError(f'{tokenizer.model_path}: sentencepiece {key}={spec[key]!r} has no '
-                       f'Hugging Face equivalent here (only {value!r}).')
-  normal = [score for _, score, kind in spec['pieces'] if kind == 'normal']
-  never = min(normal) - 1e6
-  user_defined = float(np.float32(-0.1))  # Sentencepiece: length * FLT_MIN - 0.1f.
-  vocab = [(piece, score if kind == 'normal' else user_defined if kind == 'user_defined' else never)
-           for piece, score, kind in spec['pieces']]
-  unk_id = next(i for i, (_, _, kind) in enumerate(spec['pieces']) if kind == 'unknown')
-  out = tk.Tokenizer(tk.models.Unigram(vocab, unk_id=unk_id, byte_fallback=spec['byte_fallback']))
-  n = tk.normalizers
-  # After the charsmap: collapse runs of spaces, strip both ends, then the
-  # dummy prefix and '▁' for every space (Prepend leaves an empty text empty).
-  steps = [n.Replace(tk.Regex(' {2,}'), ' '), n.Replace(tk.Regex(r'\A | \z'), ''),
-           n.Prepend('\u2581'), n.Replace(' ', '\u2581')]
-  if spec['precompiled_charsmap']:
-    steps.insert(0, n.Precompiled(spec['precompiled_charsmap']))
-  out.normalizer = n.Sequence(steps)
-  d = tk.decoders
-  out.decoder = d.Sequence(
-      [d.Replace('\u2581', ' '), d.ByteFallback(), d.Fuse(), d.Strip(' ', 1, 0)])
-  specials = tokenizer.specials
-  cls, sep = specials.token('cls'), specials.token('sep')
-  out.post_processor = tk.processors.TemplateProcessing(
-      single=f'{cls}:0 $A:0 {sep}:0', pair=f'{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1',
-      special_tokens=[(cls, specials.cls), (sep, specials.sep)])
-  out.add_special_tokens([tk.AddedToken(t, special=True, normalized=False)
-                          for t in specials.tokens])
-  out.encode_special_tokens = True
-  return out
-
-
 def save_tokenizer(out_dir: str, tokenizer: tok_lib.Tokenizer, model_max_length: int,
                    variant: str = 'bert') -> None:
   """Writes the tokenizer files `AutoTokenizer.from_pretrained(out_dir)` loads, giving our ids.
@@ -556,7 +500,7 @@ def save_tokenizer(out_dir: str, tokenizer: tok_lib.Tokenizer, model_max_length:
       with open(path, 'w') as f:
         json.dump({**config, **missing}, f, indent=2)
     return
-  hf_tokenizer(tokenizer).save(os.path.join(out_dir, 'tokenizer.json'))
+  hf_tokenizer.from_sentencepiece(tokenizer).save(os.path.join(out_dir, 'tokenizer.json'))
   # The sentencepiece model itself: a later run started from this directory
   # (config.init.hf_dir) tokenizes its corpus with exactly this vocabulary.
   tokenizer.save(out_dir)

@@ -45,6 +45,7 @@ from mlm_jax import configuration as config_lib
 from mlm_jax import model as model_lib
 from mlm_jax.data import masking
 from mlm_jax.data import sp_tokenizer
+from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop import hf as hf_lib
 from mlm_jax.perf import flops as flops_lib
 from mlm_jax.perf import hf_peer
@@ -123,7 +124,7 @@ class _JaxRunner:
     mesh = sharding.make_mesh(config.mesh.fsdp)
     # The embedding rows the trainer builds: a checkpoint's table (config.model.vocab_size),
     # else the tokenizer's size.
-    vocab_size = config_lib.model_vocab_size(config, config.tokenizer.vocab_size)
+    vocab_size = tok_lib.model_vocab_size(config.model.vocab_size, config.tokenizer.vocab_size)
     built = build_lib.build(config, vocab_size, mesh)
     self.model_cfg, self._state, step = built.model_cfg, built.init_state(), built.train_step
     self.chains, self.attention = built.chains, built.attention

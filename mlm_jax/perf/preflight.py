@@ -108,7 +108,7 @@ class Preflight:
     """Lowers and compiles one step of the config (with `overrides`) for the target."""
     import jax  # pylint: disable=import-outside-toplevel
 
-    from mlm_jax import configuration  # pylint: disable=import-outside-toplevel
+    from mlm_jax.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
     from mlm_jax.perf import hlo_cost  # pylint: disable=import-outside-toplevel
     from mlm_jax.runtime import sharding  # pylint: disable=import-outside-toplevel
     from mlm_jax.training import build as build_lib  # pylint: disable=import-outside-toplevel
@@ -117,7 +117,7 @@ class Preflight:
     mesh = sharding.make_mesh(config.mesh.fsdp, self.devices)
     # The embedding rows the trainer builds: a checkpoint's table (config.model.vocab_size),
     # else the tokenizer's size.
-    vocab_size = configuration.model_vocab_size(config, config.tokenizer.vocab_size)
+    vocab_size = tok_lib.model_vocab_size(config.model.vocab_size, config.tokenizer.vocab_size)
     with targets.tracing_for(self.target):
       built = build_lib.build(config, vocab_size, mesh)
     self.built = built

@@ -7,7 +7,6 @@ from typing import Any
 import jax
 import ml_collections
 
-from mlm_jax.config_check import require
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
@@ -72,10 +71,3 @@ def _figures(totals: dict[str, float], data: prepare.PreparedData) -> dict[str, 
     result['sentence_pair_loss'] = totals['pair_loss_sum'] / rows
     result['sentence_pair_accuracy'] = totals['pair_correct_sum'] / rows
   return result
-
-
-def check_config(eval_config: ml_collections.ConfigDict) -> None:
-  """ConfigError for an invalid config.eval."""
-  require(eval_config.batch_size > 0,
-          f'config.eval.batch_size={eval_config.batch_size} must be positive.')
-  require(eval_config.max_batches >= 0, 'config.eval.max_batches must be >= 0 (0: whole split).')

@@ -1,7 +1,9 @@
 """The driver: build -> resume -> loop (step, log, evaluate, save) -> summary.
 
 `train_and_evaluate(config, workdir)` reads top to bottom like the data flow
-of docs/design.md; each arrow is one call into the module that owns it.
+of docs/design.md; each arrow is one call into the module that owns it. The
+config comes resolved (configuration.resolve, which the command calls): this
+package never resolves or checks a config itself.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -18,10 +19,10 @@ import ml_collections
 from absl import logging
 from jax.experimental import multihost_utils
 
-from mlm_jax import configuration
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
+from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.runtime import host_malloc
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
@@ -39,24 +40,22 @@ from mlm_jax.training import summary
 from mlm_jax.training import workdir as workdir_lib
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       overrides: Iterable[str] = ()) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains until config.train.num_steps (resuming from `workdir`); returns the run's summary.
 
-  `overrides`: the config fields set on the command line; with config.init
-  they may not contradict the checkpoint (configuration.resolve). One run
-  at a time per workdir: another is refused (lock.WorkdirLockedError).
+  `config`: resolved by configuration.resolve (with config.init, the
+  checkpoint's architecture filled in). One run at a time per workdir:
+  another is refused (lock.WorkdirLockedError).
   """
   workdir = os.path.abspath(workdir)
   with lock.hold(workdir):
-    return _train_and_evaluate(config, workdir, overrides)
+    return _train_and_evaluate(config, workdir)
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                        overrides: Iterable[str]) -> dict[str, Any]:
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   run_start, is_main = time.perf_counter(), jax.process_index() == 0
   # ----------------------------------------------------------------- build
-  config, data, masker, mesh, built = _build(config, overrides)
+  data, masker, mesh, built = _build(config)
   workdir_lib.check_tokenizer(workdir, data.tokenizer)
   # ---------------------------------------------------------------- resume
   checkpointer = checkpoint.Checkpointer(workdir_lib.checkpoint_dir(workdir), config.train)
@@ -116,16 +115,15 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                  start_step=start_step, wall_time_s=time.perf_counter() - run_start)
 
 
-def evaluate_start(config: ml_collections.ConfigDict,
-                   overrides: Iterable[str] = ()) -> dict[str, Any]:
+def evaluate_start(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """The held-out figures of the weights a run would start from, without training.
 
-  config.init's model (a published checkpoint on a new domain's text: the
+  `config`: resolved by configuration.resolve. config.init's model (a published checkpoint on a new domain's text: the
   "before" of continued pretraining), else a fresh initialisation; the
   config's data (prepared if needed), masks and eval settings, as `train`
   evaluates. Prints the eval line on process 0.
   """
-  config, data, masker, mesh, built = _build(config, overrides)
+  data, masker, mesh, built = _build(config)
   state = built.init_state()
   if config.init.hf_dir or config.init.workdir:
     state = init_from.initial_state(state, config, built.model_cfg, data.added_tokens())
@@ -139,16 +137,15 @@ def evaluate_start(config: ml_collections.ConfigDict,
 # ---------------------------------------------------------------- helpers
 
 
-def _build(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> tuple[
-    ml_collections.ConfigDict, prepare.PreparedData, masking.Masker, Any, build_lib.Built]:
-  """(resolved config, data, masker, mesh, built step functions) of a run."""
-  config = configuration.resolve(config, num_devices=jax.device_count(), overrides=overrides)
+def _build(config: ml_collections.ConfigDict) -> tuple[
+    prepare.PreparedData, masking.Masker, Any, build_lib.Built]:
+  """(data, masker, mesh, built step functions) of a run of the resolved `config`."""
   data = _prepared_data(config)
-  vocab_size = configuration.model_vocab_size(config, data.tokenizer.vocab_size)
+  vocab_size = tok_lib.model_vocab_size(config.model.vocab_size, data.tokenizer.vocab_size)
   masker = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   mesh = sharding.make_mesh(config.mesh.fsdp)
   built = build_lib.build(config, vocab_size, mesh, baseline_token=data.most_frequent_token())
-  return config, data, masker, mesh, built
+  return data, masker, mesh, built
 
 
 def _prepared_data(config: ml_collections.ConfigDict) -> prepare.PreparedData:

@@ -2,7 +2,7 @@
 
 Pretraining (training/build.py) and fine-tuning (finetuning/step.py) both
 build their optimizer here, from the fields of a config.train section;
-`check_optimizer` checks those fields for both.
+mlm_jax/training_config.py holds their allowed values and checks them for both.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from mlm_jax.config_check import one_of
-from mlm_jax.config_check import require
+from mlm_jax import training_config
 from mlm_jax.runtime import platform_ops
 
 
@@ -68,9 +67,10 @@ def _one_cycle(train: ml_collections.ConfigDict) -> optax.Schedule:
 
 # config.train.schedule -> the function that builds it.
 _SCHEDULES = {'linear': _linear, 'wsd': _wsd, 'one_cycle': _one_cycle}
-SCHEDULES = tuple(_SCHEDULES)
+SCHEDULES = training_config.SCHEDULES
+assert tuple(_SCHEDULES) == SCHEDULES, 'training_config.SCHEDULES names the schedules here'
 # config.train.decay_shape: how 'wsd' falls from the peak to 0.
-DECAY_SHAPES = ('linear', '1-sqrt')
+DECAY_SHAPES = training_config.DECAY_SHAPES
 
 
 def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
@@ -102,15 +102,3 @@ def make_optimizer(train: ml_collections.ConfigDict,
       platform_ops.for_platform(platform).clip_by_global_norm(clip),
       optax.adamw(learning_rate_schedule(train), b1=train.adam_b1, b2=train.adam_b2,
                   eps=train.adam_eps, weight_decay=train.weight_decay, mask=weight_decay_mask))
-
-
-def check_optimizer(train: ml_collections.ConfigDict) -> None:
-  """ConfigError for the fields make_optimizer and learning_rate_schedule read beyond the
-  steps and the peak: schedule, its decay, weight decay, clipping (fine-tuning checks them so
-  too)."""
-  one_of('train', 'schedule', train.schedule, SCHEDULES)
-  one_of('train', 'decay_shape', train.decay_shape, DECAY_SHAPES)
-  require(0 < train.decay_fraction <= 1,
-          f'config.train.decay_fraction={train.decay_fraction} must be in (0, 1].')
-  require(train.weight_decay >= 0, 'config.train.weight_decay must be >= 0.')
-  require(train.grad_clip_norm >= 0, 'config.train.grad_clip_norm must be >= 0 (0 disables).')

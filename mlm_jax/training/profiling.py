@@ -29,8 +29,6 @@ import jax
 import ml_collections
 from absl import logging
 
-from mlm_jax.config_check import require
-
 
 class StepProfiler:
   """Starts the trace before step `start`, stops it after step `start + num - 1`."""
@@ -80,11 +78,3 @@ class StepProfiler:
       jax.profiler.stop_trace()
       self._active = False
       logging.info('Profile written to %s', self.directory)
-
-
-def check_config(profile: ml_collections.ConfigDict) -> None:
-  """ConfigError for an invalid config.profile."""
-  require(profile.num_steps >= 0, 'config.profile.num_steps must be >= 0 (0: no trace).')
-  require(profile.num_steps == 0 or profile.start_step >= 1,
-          f'config.profile.start_step={profile.start_step} must be >= 1 (the first step is 1).')
-  require(profile.peak_tflops >= 0, 'config.profile.peak_tflops must be >= 0 (0: from the chip).')

@@ -1,4 +1,4 @@
-"""The pure train and eval steps, and the check of config.train.
+"""The pure train and eval steps (config.train is checked in mlm_jax/training_config.py).
 
 The train step is `(state, batch, rng) -> (state, metrics)` with
 `fold_in(rng, state.step)` inside; jit it with the state donated. Its loss is
@@ -15,14 +15,11 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
-from mlm_jax.config_check import require
 from mlm_jax.data import masking
 from mlm_jax.runtime import platform_ops
 from mlm_jax.training import objective
-from mlm_jax.training import optimizer
 from mlm_jax.training.state import TrainState
 
 Array = jax.Array
@@ -145,27 +142,3 @@ def make_eval_step(baseline_token: int = objective.NO_BASELINE,
     return objective.loss_terms(outputs, batch, baseline_token, argmax)
 
   return eval_step
-
-
-def check_config(train: ml_collections.ConfigDict) -> None:
-  """ConfigError for an invalid config.train (optimizer, schedule, cadence, step layout).
-
-  The whole section is checked here, the run's cadence included;
-  optimizer.check_optimizer holds the fields fine-tuning shares.
-  """
-  for name in ('batch_size', 'num_steps', 'log_every', 'eval_every', 'checkpoint_every',
-               'keep_checkpoints'):
-    require(train[name] > 0, f'config.train.{name}={train[name]} must be positive.')
-  require(train.learning_rate > 0,
-          f'config.train.learning_rate={train.learning_rate} must be positive.')
-  # warmup_steps > num_steps is allowed: a short trial run of a long config.
-  require(train.warmup_steps >= 0, f'config.train.warmup_steps={train.warmup_steps} must be >= 0.')
-  optimizer.check_optimizer(train)
-  # The one-cycle peak must fall inside the run for the cycle to exist.
-  require(train.schedule != 'one_cycle' or train.warmup_steps < train.num_steps,
-          f"config.train.schedule='one_cycle' needs warmup_steps={train.warmup_steps} < "
-          f"num_steps={train.num_steps}: lower warmup_steps or use 'linear' or 'wsd'.")
-  require(train.grad_accum_steps >= 1,
-          f'config.train.grad_accum_steps={train.grad_accum_steps} must be at least 1.')
-  require(train.concurrent_chains >= 0,
-          f'config.train.concurrent_chains={train.concurrent_chains} must be >= 0 (0: auto).')

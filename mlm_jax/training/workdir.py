@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from mlm_jax import configuration
 from mlm_jax import model as model_lib
+from mlm_jax import saved_config
 from mlm_jax.data import prepare
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
@@ -41,7 +41,7 @@ def resolved_config(config: ml_collections.ConfigDict,
   """The config as a dict, with what it resolved to on this machine under 'resolved'."""
   resolved = config.to_dict()
   # The model's rows: the tokenizer's ids, or a checkpoint's larger table (config.init).
-  vocab_size = configuration.model_vocab_size(config, data.tokenizer.vocab_size)
+  vocab_size = tok_lib.model_vocab_size(config.model.vocab_size, data.tokenizer.vocab_size)
   resolved['resolved'] = {'data_dir': data.data_dir, 'vocab_size': vocab_size,
                           'padded_vocab_size': tok_lib.padded_vocab_size(vocab_size),
                           'tokenizer_vocab_size': data.tokenizer.vocab_size,
@@ -125,7 +125,7 @@ def load(workdir: str, step: int | None = None) -> TrainedRun:
   if not os.path.exists(config_path):
     raise FileNotFoundError(f'{workdir} is not a training workdir (no config.json).')
   with open(config_path) as f:
-    config = configuration.saved_config(json.load(f), config_path)
+    config = saved_config.read(json.load(f), config_path)
   resolved = config.resolved
   model_cfg = model_lib.ModelConfig.from_config(
       config.model, resolved.vocab_size, resolved.padded_vocab_size, jnp.float32,

@@ -1,0 +1,156 @@
+"""The package's import graph: config flows one way, and no two packages import each other.
+
+Read from the source (every `import`, those inside functions included), so
+that an import hidden in a function to dodge a cycle is caught too.
+"""
+
+import ast
+import collections
+import functools
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / 'mlm_jax'
+
+# Edges that close a cycle today, each the one documented exception to the layering of
+# docs/layout.md ("nothing in the first four folders imports them, except ..."). The graph
+# without them must be acyclic, and each must still exist (a removed one is struck off here).
+DOCUMENTED_BACK_EDGES = {
+    ('mlm_jax.training', 'mlm_jax.interop'): 'a run started from a Hugging Face checkpoint '
+                                             '(training/init_from.py)',
+    ('mlm_jax.training', 'mlm_jax.perf'): 'the MFU of the run summary (perf/flops.py)',
+}
+# (importer, imported): never, whatever the path. Third-party names are top-level packages.
+FORBIDDEN = [
+    ('mlm_jax.configuration', 'mlm_jax.training'),  # The command resolves; the loop receives.
+    ('mlm_jax.data', 'mlm_jax.model'),  # Grain workers run the input side without the model...
+    ('mlm_jax.data', 'mlm_jax.training'),
+    ('mlm_jax.data', 'jax'),  # ...and without JAX.
+    ('mlm_jax.data', 'flax'),
+    ('mlm_jax.model', 'mlm_jax.data'),  # A model takes a ModelConfig and arrays.
+    ('mlm_jax.model', 'mlm_jax.training'),
+]
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(PACKAGE.parent).with_suffix('').parts
+  return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+def _imported(tree: ast.AST) -> list[tuple[str, int]]:
+  """(module name, line) of every import in `tree`; `from a import b` gives a.b as well as a,
+  since b may be a module."""
+  out = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      out += [(a.name, node.lineno) for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      assert node.level == 0, f'line {node.lineno}: a relative import'
+      out.append((node.module, node.lineno))
+      out += [(f'{node.module}.{a.name}', node.lineno) for a in node.names]
+  return out
+
+
+def _unit(module: str) -> str:
+  """The package-level node of a module: mlm_jax.data.tokenizer -> mlm_jax.data; a module at
+  the top of mlm_jax (configuration, cli, train, ...) is its own node; another library is its
+  top-level package."""
+  parts = module.split('.')
+  return '.'.join(parts[:2]) if parts[0] == 'mlm_jax' else parts[0]
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  return {_module_name(p): p for p in sorted(PACKAGE.rglob('*.py'))}
+
+
+@functools.cache  # Read once for all the tests here; none changes it.
+def _module_graph() -> dict[str, dict[str, str]]:
+  """importer module -> {imported mlm_jax module or other library: 'file:line'}."""
+  modules, graph = _modules(), {}
+  for name, path in modules.items():
+    edges = {}
+    for imported, line in _imported(ast.parse(path.read_text(), str(path))):
+      if imported.startswith('mlm_jax.') and imported not in modules:
+        continue  # `from mlm_jax.x import NAME`: NAME is not a module.
+      edges.setdefault(imported, f'{path.relative_to(PACKAGE.parent)}:{line}')
+    graph[name] = edges
+  return graph
+
+
+def _package_graph() -> dict[str, dict[str, str]]:
+  """package -> {package it imports: where}, mlm_jax's own __init__ left out (it imports
+  nothing of its packages)."""
+  graph: dict[str, dict[str, str]] = collections.defaultdict(dict)
+  for module, edges in _module_graph().items():
+    for imported, where in edges.items():
+      a, b = _unit(module), _unit(imported)
+      if a != b and 'mlm_jax' not in (a, b):
+        graph[a].setdefault(b, where)
+  return graph
+
+
+def _cycle(graph: dict[str, dict[str, str]]) -> list[str] | None:
+  """One cycle of `graph` (its nodes, first repeated last), or None."""
+  state: dict[str, int] = {}  # 1: on the path, 2: done.
+  path: list[str] = []
+
+  def visit(node: str) -> list[str] | None:
+    state[node] = 1
+    path.append(node)
+    for nxt in sorted(graph.get(node, ())):
+      if state.get(nxt) == 1:
+        return path[path.index(nxt):] + [nxt]
+      if nxt not in state and (found := visit(nxt)):
+        return found
+    path.pop()
+    state[node] = 2
+    return None
+
+  for node in sorted(graph):
+    if node not in state and (found := visit(node)):
+      return found
+  return None
+
+
+def _describe(cycle: list[str], graph: dict[str, dict[str, str]]) -> str:
+  return ' -> '.join(f'{a} ({graph[a][b]})' for a, b in zip(cycle, cycle[1:])) + f' -> {cycle[-1]}'
+
+
+def test_no_import_cycle_between_packages():
+  graph = _package_graph()
+  for (a, b), why in DOCUMENTED_BACK_EDGES.items():
+    assert b in graph[a], f'{a} no longer imports {b} ({why}): strike it off DOCUMENTED_BACK_EDGES'
+  layered = {a: {b: w for b, w in edges.items() if (a, b) not in DOCUMENTED_BACK_EDGES}
+             for a, edges in graph.items()}
+  cycle = _cycle(layered)
+  assert cycle is None, f'import cycle: {_describe(cycle, layered)}'
+
+
+@pytest.mark.parametrize('importer,imported', FORBIDDEN)
+def test_a_layer_never_imports_what_it_must_not(importer, imported):
+  graph = _module_graph()
+  found = [f'{module} imports {name} ({where})' for module, edges in graph.items()
+           if _unit(module) == importer for name, where in edges.items()
+           if _unit(name) == imported]
+  assert not found, '; '.join(found)
+
+
+def test_no_import_cycle_between_the_modules_of_the_tokenizer_seam():
+  """The interface (tokenizer_base) below both implementations, the factory above them."""
+  graph = _module_graph()
+  data = {m: {n: w for n, w in edges.items() if n.startswith('mlm_jax.data.')}
+          for m, edges in graph.items() if m.startswith('mlm_jax.data.')}
+  cycle = _cycle(data)
+  assert cycle is None, f'import cycle: {_describe(cycle, data)}'
+  for implementation in ('mlm_jax.data.sp_tokenizer', 'mlm_jax.data.hf_tokenizer'):
+    assert 'mlm_jax.data.tokenizer_base' in data[implementation]
+    assert 'mlm_jax.data.tokenizer' not in data[implementation]
+
+
+def test_the_cycle_finder_finds_a_cycle_and_names_where():
+  graph = {'a': {'b': 'a.py:1'}, 'b': {'c': 'b.py:2'}, 'c': {'a': 'c.py:3'}, 'd': {'a': 'd.py:4'}}
+  cycle = _cycle(graph)
+  assert cycle == ['a', 'b', 'c', 'a']
+  assert _describe(cycle, graph) == 'a (a.py:1) -> b (b.py:2) -> c (c.py:3) -> a'
+  assert _cycle({'a': {'b': ''}, 'b': {}, 'c': {'a': ''}}) is None
