@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import base
-from mlm_jax import configuration
+from mlm_jax import saved_config
 from mlm_jax import model as model_lib
 from mlm_jax.config_check import ConfigError
 from mlm_jax.data import masking
@@ -179,7 +179,7 @@ def test_a_run_saved_with_an_old_kernel_name_reads_as_the_new_one(old, new):
   saved = base.get_config().to_dict()
   saved['model'] |= {'attention': old, 'attention_dropout_rate': 0.0, 'variant': 'modern'}
   saved['resolved'] = {'vocab_size': 60, 'padded_vocab_size': 128}
-  config = configuration.saved_config(saved, 'run/config.json')
+  config = saved_config.read(saved, 'run/config.json')
   read = lambda model: model_lib.ModelConfig.from_config(model, 60, 128, jnp.bfloat16,
                                                          platform='tpu')
   cfg = read(config.model)
