@@ -245,6 +245,7 @@ def model_vocab_size(config: ml_collections.ConfigDict, tokenizer_vocab: int) ->
 ADDED_FIELDS = {
     'data.ids_key': '',
     'data.sources': (),
+    'data.tfds_export': False,
     'model.document_mask': False,
     'model.restart_positions': False,
 }

@@ -20,6 +20,7 @@ from mlm_jax.data import masking
 from mlm_jax.data import packing
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
+from mlm_jax.data import prepared as prepared_lib
 from mlm_jax.data import tokenizer as tok_lib
 from tests.test_sources import DOCS
 from tests.test_sources import _assert_same_data
@@ -224,5 +225,5 @@ def test_a_data_dir_at_a_bucket_url_is_prepared_once_and_read_from_a_local_copy(
                                   local.source('train').read(np.arange(20)))
   other = _config('gs://bucket/a.parquet', 'gs://bucket/data')
   other.tokenizer.vocab_size = 700
-  with pytest.raises(prepare.DataDirError, match='other settings'):
+  with pytest.raises(prepared_lib.DataDirError, match='other settings'):
     prepare.prepare(other)

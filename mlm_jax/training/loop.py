@@ -22,6 +22,7 @@ from mlm_jax import configuration
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
+from mlm_jax.data import prepared
 from mlm_jax.runtime import host_malloc
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
@@ -140,7 +141,7 @@ def evaluate_start(config: ml_collections.ConfigDict,
 
 
 def _build(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> tuple[
-    ml_collections.ConfigDict, prepare.PreparedData, masking.Masker, Any, build_lib.Built]:
+    ml_collections.ConfigDict, prepared.PreparedData, masking.Masker, Any, build_lib.Built]:
   """(resolved config, data, masker, mesh, built step functions) of a run."""
   config = configuration.resolve(config, num_devices=jax.device_count(), overrides=overrides)
   data = _prepared_data(config)
@@ -151,17 +152,18 @@ def _build(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> tuple
   return config, data, masker, mesh, built
 
 
-def _prepared_data(config: ml_collections.ConfigDict) -> prepare.PreparedData:
-  """Process 0 prepares (if needed); the others wait, then load the same files."""
-  if jax.process_count() > 1:
-    if jax.process_index() == 0:
-      prepare.prepare(config)
-    multihost_utils.sync_global_devices('mlm_jax:prepare')
-  return prepare.prepare(config)
+def _prepared_data(config: ml_collections.ConfigDict) -> prepared.PreparedData:
+  """The data, asked for once per process: process 0 prepares it (if needed); the others wait
+  at the barrier, then read the same data dir (a bucket's through their own local copy)."""
+  if jax.process_count() == 1:
+    return prepare.prepare(config)
+  data = prepare.prepare(config) if jax.process_index() == 0 else None
+  multihost_utils.sync_global_devices('mlm_jax:prepare')
+  return data if data is not None else prepared.load_prepared(config)
 
 
 def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
-            config: ml_collections.ConfigDict, data: prepare.PreparedData) -> tuple[Any, int]:
+            config: ml_collections.ConfigDict, data: prepared.PreparedData) -> tuple[Any, int]:
   """(state, step): this workdir's latest checkpoint, else config.init's weights, else fresh."""
   start = time.perf_counter()
   state = built.init_state()  # Initialised under jit straight into its sharding.
@@ -175,7 +177,7 @@ def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
   return state, start_step
 
 
-def _log_start(data: prepare.PreparedData, built: build_lib.Built, state: Any, mesh) -> None:
+def _log_start(data: prepared.PreparedData, built: build_lib.Built, state: Any, mesh) -> None:
   logging.info('Data: %s (%d train rows, %d validation rows)', data.data_dir,
                data.stats['train']['rows'], data.stats['validation']['rows'])
   size = sharding.state_bytes(state)
