@@ -547,6 +547,22 @@ def test_the_prepare_command_prepares_once_and_reports(tmp_path):
   assert bad.returncode == 2 and 'num_workers' in bad.stderr
 
 
+def test_a_gz_file_that_is_not_gzip_or_is_cut_short_is_skipped_and_counted(tmp_path):
+  """Skipped, named in the report, and the rest of the corpus read (a longer file cut short keeps
+  what reads before the break: test_bad_inputs_are_used_or_skipped_and_counted)."""
+  (tmp_path / 'plain.txt.gz').write_text('Plain text, never compressed.\n')
+  (tmp_path / 'cut.txt.gz').write_bytes(gzip.compress('\n\n'.join(DOCS[:40]).encode())[:-30])
+  (tmp_path / 'good.txt').write_text('\n\n'.join(DOCS[40:80]))
+  c = corpus.resolve(_config(f'{tmp_path}/*.gz,{tmp_path}/good.txt', tmp_path / 'x').data)
+  tally = corpus.Tally()
+  docs = [piece for unit in c.units for first, piece in c.pieces(unit, tally) if first]
+  assert docs == [d.strip() for d in DOCS[40:80]]
+  assert tally.counts['read_error'] == 2 and tally.counts['files_used'] == 1
+  reasons = {os.path.basename(e['input']): e['reason'] for e in tally.skipped}
+  assert reasons['plain.txt.gz'].startswith('cannot read: Not a gzipped file')
+  assert 'Compressed file ended before the end-of-stream marker' in reasons['cut.txt.gz']
+
+
 def test_a_file_that_vanishes_after_its_first_range_is_reported_per_range(tmp_path, monkeypatch):
   monkeypatch.setattr(corpus, 'UNIT_BYTES', 4096)
   path = tmp_path / 'big.txt'
