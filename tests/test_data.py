@@ -85,6 +85,10 @@ def test_prepare_is_reused_and_guards_other_data(prepared, tmp_path):
   again = prepare.prepare(config)
   assert again.data_dir == data.data_dir
   assert os.stat(model_file).st_mtime_ns == mtime  # Not retrained.
+  # What training's other processes do: read it, never prepare it.
+  assert prepared_lib.load_prepared(config).data_dir == data.data_dir
+  with pytest.raises(prepared_lib.DataDirError, match='prepare it first'):
+    prepared_lib.load_prepared(micro_config(config.data.corpus, str(tmp_path / 'none')))
   # Same data dir, other settings: refused, nothing touched.
   other = micro_config(config.data.corpus, data.data_dir)
   other.tokenizer.vocab_size = 700

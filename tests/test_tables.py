@@ -23,6 +23,7 @@ from mlm_jax.data import packing
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import prepared as prepared_lib
+from mlm_jax.data import tfds_export
 from mlm_jax.data import tokenizer as tok_lib
 from tests.conftest import REPO
 from tests.conftest import write_config_file
@@ -268,6 +269,16 @@ def test_a_data_dir_at_a_bucket_url_is_prepared_once_and_read_from_a_local_copy(
   for data in (again, first):
     np.testing.assert_array_equal(data.source('train').read(np.arange(20)),
                                   local.source('train').read(np.arange(20)))
+  # Training's other processes read it without preparing: through their own copy.
+  monkeypatch.setenv('MLM_JAX_CACHE', str(tmp_path / 'cache3'))
+  read = prepared_lib.load_prepared(config)
+  assert read.data_dir.startswith(str(tmp_path / 'cache3'))
+  # The tfds export asked for later: made from the copy's rows, copied up, nothing prepared.
+  config.data.tfds_export = True
+  exported = prepare.prepare(config)
+  assert exported.data_dir == read.data_dir and tfds_export.is_exported(read.data_dir)
+  assert (bucket / 'data' / 'tfds' / 'mlm_rows' / '1.0.0' / 'dataset_info.json').exists()
+  assert not (tmp_path / 'cache3' / 'data').exists()
   other = _config('gs://bucket/a.parquet', 'gs://bucket/data')
   other.tokenizer.vocab_size = 700
   with pytest.raises(prepared_lib.DataDirError, match='other settings'):
