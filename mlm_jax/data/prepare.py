@@ -184,8 +184,9 @@ def _open_partial(partial: str, fp: dict) -> None:
   marker = os.path.join(partial, 'partial.json')
   if os.path.isdir(partial):
     if not os.path.exists(marker):
-      raise prepared.DataDirError(f'{partial} exists but is not an unfinished mlm_jax prepare (no '
-                         'partial.json); move it away, or set config.data.data_dir elsewhere.')
+      raise prepared.DataDirError(
+          f'{partial} exists but is not an unfinished mlm_jax prepare (no partial.json); move it '
+          'away, or set config.data.data_dir elsewhere.')
     with open(marker) as f:
       if json.load(f) == json.loads(json.dumps(fp)):
         logging.info('Continuing the unfinished prepare in %s', partial)
