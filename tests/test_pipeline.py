@@ -20,7 +20,6 @@ from mlm_jax.data import packed_rows
 from mlm_jax.data import pipeline as input_pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import prepared as prepared_lib
-from mlm_jax.data import tfds_export
 from mlm_jax.data import sentence_pairs
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
@@ -62,7 +61,7 @@ def _packed_rows(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
 
 def test_the_tfds_export_added_to_a_data_dir_reads_as_its_rows(prepared, tmp_path):
   config, data = prepared
-  assert not tfds_export.is_exported(data.data_dir)  # Not written unless asked for.
+  assert not prepared_lib.has_tfds_export(data.data_dir)  # Not written unless asked for.
   # Asked of a data dir prepared without it: added from the rows, nothing prepared again.
   copy = tmp_path / 'copy'
   shutil.copytree(data.data_dir, copy)
@@ -71,7 +70,7 @@ def test_the_tfds_export_added_to_a_data_dir_reads_as_its_rows(prepared, tmp_pat
   config.data.data_dir, config.data.tfds_export = str(copy), True
   exported = prepare.prepare(config)
   assert {p: p.stat().st_mtime_ns for p in before} == before
-  assert tfds_export.is_exported(exported.data_dir)
+  assert prepared_lib.has_tfds_export(exported.data_dir)
   tfds_source = tfds.builder_from_directory(exported.tfds_dir).as_data_source('train')
   dense = data.source('train')
   assert isinstance(dense, packed_rows.DenseRows)      # The .npy shards are read.

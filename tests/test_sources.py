@@ -25,7 +25,6 @@ from mlm_jax.data import packed_rows
 from mlm_jax.data import packing
 from mlm_jax.data import prepare
 from mlm_jax.data import prepared as prepared_lib
-from mlm_jax.data import tfds_export
 from mlm_jax.data import tokenizer as tok
 from tests.conftest import REPO
 from tests.conftest import micro_config
@@ -39,7 +38,7 @@ def _rows(data: prepared_lib.PreparedData, split: str) -> np.ndarray:
   """A split's rows (its .npy shards); checked equal to the tfds export's where there is one."""
   dense = data.source(split)
   rows = dense.read(np.arange(len(dense)))
-  if tfds_export.is_exported(data.data_dir):
+  if prepared_lib.has_tfds_export(data.data_dir):
     records = tfds.builder_from_directory(data.tfds_dir).as_data_source(split)
     np.testing.assert_array_equal(
         rows, np.stack([records[i]['input_ids'] for i in range(len(records))]))
@@ -540,7 +539,7 @@ def test_the_prepare_command_prepares_once_and_reports(tmp_path):
   assert again.returncode == 0 and 'Prepared ' not in again.stdout   # Reused, not redone,
   assert f'tfds export: {data_dir}' in again.stdout                  # the export added
   assert rows == {p: p.stat().st_mtime_ns for p in (data_dir / packed_rows.DENSE_DIR).iterdir()}
-  assert tfds_export.is_exported(str(data_dir))
+  assert prepared_lib.has_tfds_export(str(data_dir))
   _rows(prepared_lib.load(str(data_dir)), 'train')                       # from the same rows.
   bad = subprocess.run(cmd + ['--config.data.num_workers=-1'], cwd=REPO, capture_output=True,
                        text=True, timeout=300)
@@ -592,7 +591,7 @@ def test_apache_beam_prepares_the_same_dataset_as_local_workers(tmp_path, monkey
   beam_options = ['--runner=DirectRunner', '--direct_num_workers=2',
                   '--direct_running_mode=multi_processing']
   beam = prepare.prepare(_config(spec, tmp_path / 'beam', tfds_export=True), beam_options)
-  assert tfds_export.is_exported(beam.data_dir)
+  assert prepared_lib.has_tfds_export(beam.data_dir)
   work = beam.report['work']
   assert work['units'] > 5 and work['shards'] > 3 and work['beam_options'] == beam_options
   assert beam.report['tokenizer'] == local.report['tokenizer']

@@ -23,7 +23,6 @@ from mlm_jax.data import packing
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import prepared as prepared_lib
-from mlm_jax.data import tfds_export
 from mlm_jax.data import tokenizer as tok_lib
 from tests.conftest import REPO
 from tests.conftest import write_config_file
@@ -276,7 +275,7 @@ def test_a_data_dir_at_a_bucket_url_is_prepared_once_and_read_from_a_local_copy(
   # The tfds export asked for later: made from the copy's rows, copied up, nothing prepared.
   config.data.tfds_export = True
   exported = prepare.prepare(config)
-  assert exported.data_dir == read.data_dir and tfds_export.is_exported(read.data_dir)
+  assert exported.data_dir == read.data_dir and prepared_lib.has_tfds_export(read.data_dir)
   assert (bucket / 'data' / 'tfds' / 'mlm_rows' / '1.0.0' / 'dataset_info.json').exists()
   assert not (tmp_path / 'cache3' / 'data').exists()
   other = _config('gs://bucket/a.parquet', 'gs://bucket/data')

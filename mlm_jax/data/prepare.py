@@ -63,7 +63,6 @@ from mlm_jax.data import paths
 from mlm_jax.data import prepare_report
 from mlm_jax.data import prepared
 from mlm_jax.data import sp_tokenizer
-from mlm_jax.data import tfds_export
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.data.prepared import SPLITS
 from mlm_jax.data.prepared import split_name
@@ -107,7 +106,7 @@ def prepare(config: ml_collections.ConfigDict,
   if paths.is_url(data_dir):
     return prepared.load(_prepare_remote(data_dir, fp, config, beam_options), names)
   if prepared.is_prepared(data_dir, fp):
-    if config.data.tfds_export and not tfds_export.is_exported(data_dir):
+    if config.data.tfds_export and not prepared.has_tfds_export(data_dir):
       _add_export(data_dir, config, beam_options)
     return prepared.load(data_dir, names)
   partial = data_dir + '.partial'
@@ -141,7 +140,7 @@ def _prepare_remote(url: str, fp: dict, config: ml_collections.ConfigDict,
   local = prepared.local_copy_dir(url)
   if prepared.is_prepared(url, fp):
     prepared.copy_down(url, fp)
-    if config.data.tfds_export and not tfds_export.is_exported(local):
+    if config.data.tfds_export and not prepared.has_tfds_export(local):
       _add_export(local, config, beam_options)
       logging.info('Copying the tfds export up to %s', url)
       paths.copy_tree(prepared.tfds_dir(local),
@@ -162,7 +161,8 @@ def _add_export(data_dir: str, config: ml_collections.ConfigDict,
                 beam_options: list[str] | None) -> None:
   """Stage 4 alone, for a data dir prepared without the tfds export: from its .npy rows."""
   data = prepared.load(data_dir)
-  splits = tfds_export.stored_splits(data)
+  exporter = _import_tfds_export()
+  splits = exporter.stored_splits(data)
   num_shards = sum(len(packed_rows.split_paths(data_dir, s)) for s in splits)
   # Spawned workers pay off for many shards; a split or two of one shard each
   # (a small corpus) is exported here.
@@ -175,7 +175,7 @@ def _add_export(data_dir: str, config: ml_collections.ConfigDict,
     pool = _import_beam_runner().BeamPool(beam_options, None,
                                           os.path.join(data_dir, 'tfds-beam'))
   with pool:
-    tfds_export.export(data_dir, pool, splits, data.tokenizer.kind)
+    exporter.export(data_dir, pool, splits, data.tokenizer.kind)
   shutil.rmtree(os.path.join(data_dir, 'tfds-beam'), ignore_errors=True)
 
 
@@ -199,6 +199,12 @@ def _open_partial(partial: str, fp: dict) -> None:
   with open(os.path.join(new, 'partial.json'), 'w') as f:
     json.dump(fp, f, indent=2)
   os.rename(new, partial)  # The marker is there before the name is.
+
+
+def _import_tfds_export():
+  # Only a prepare that exports pays for importing tensorflow_datasets.
+  from mlm_jax.data import tfds_export  # pylint: disable=import-outside-toplevel
+  return tfds_export
 
 
 def _import_beam_runner():
@@ -237,7 +243,7 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Co
     shard_lengths, shards_todo = _write_rows(out, pool, streams, data.seq_len)  # 3.
     seconds['write'] = time.perf_counter() - start - sum(seconds.values())
     if data.tfds_export:
-      tfds_export.export(out, pool, list(streams), tokenizer.kind)              # 4.
+      _import_tfds_export().export(out, pool, list(streams), tokenizer.kind)   # 4.
       seconds['tfds export'] = time.perf_counter() - start - sum(seconds.values())
   counts = _finish_rows(out, shard_lengths, tokenizer, data.tfds_export)
   stats['train']['unknown_rate'] = _unknown_rate(counts, tokenizer)

@@ -129,6 +129,12 @@ def tfds_dir(data_dir: str) -> str:
   return os.path.join(data_dir, 'tfds', TFDS_NAME, TFDS_VERSION)
 
 
+def has_tfds_export(data_dir: str) -> bool:
+  """Whether the data dir holds a complete tfds export of its rows (its metadata is written
+  last)."""
+  return os.path.exists(os.path.join(tfds_dir(data_dir), 'dataset_info.json'))
+
+
 def unknown_rate(counts: np.ndarray, tokenizer: tok_lib.Tokenizer) -> float:
   """The fraction of [UNK] among the train split's tokens (`counts` [vocab])."""
   unk = tokenizer.specials.unk

@@ -9,7 +9,8 @@ shard is made from the .npy shard of the same index alone, so the export
 can be written with the rows or added to a finished data dir later, and is
 the same bytes either way (and as earlier versions wrote it, beside every
 data dir). Its dataset_info.json is written last: its presence marks a
-complete export.
+complete export (prepared.has_tfds_export). Imported only when the rows are
+exported, as tensorflow_datasets takes a while to import.
 """
 
 from __future__ import annotations
@@ -25,11 +26,6 @@ from mlm_jax.data import packed_rows
 from mlm_jax.data import prepared
 
 FILENAME_TEMPLATE = '{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}'
-
-
-def is_exported(data_dir: str) -> bool:
-  """Whether the data dir holds a complete tfds export of its rows."""
-  return os.path.exists(os.path.join(prepared.tfds_dir(data_dir), 'dataset_info.json'))
 
 
 def serialize_row(row: np.ndarray) -> bytes:
