@@ -50,6 +50,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Where the tokenizer and packed rows are stored. Empty: a cache directory
   # keyed by the corpus and the settings below (~/.cache/mlm_jax/...).
   config.data.data_dir = ''
+  # Also export the packed rows as a tfds dataset in array_record format
+  # (DATA_DIR/tfds/mlm_rows/1.0.0, for tools that read tfds); training reads
+  # only the .npy rows. Asked of a data dir prepared without it, it is added.
+  config.data.tfds_export = False
   # Tokens per row, [CLS] and [SEP] included (T).
   config.data.seq_len = 128
   # Fraction of documents held out for evaluation.

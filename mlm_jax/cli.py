@@ -29,7 +29,7 @@ from ml_collections import config_flags
 
 from mlm_jax import configuration
 from mlm_jax.data import corpus
-from mlm_jax.data import prepare
+from mlm_jax.data import prepared
 from mlm_jax.perf import preflight
 from mlm_jax.perf import targets
 from mlm_jax.runtime import backend
@@ -38,7 +38,7 @@ from mlm_jax.training import checkpoint
 from mlm_jax.training import lock
 
 # Errors caused by the user's input: one line naming the fix, no traceback, status 2.
-USER_ERRORS = (configuration.ConfigError, corpus.CorpusError, prepare.DataDirError,
+USER_ERRORS = (configuration.ConfigError, corpus.CorpusError, prepared.DataDirError,
                checkpoint.CheckpointMismatchError, targets.TargetError,
                preflight.PreflightError, FloatingPointError, FileNotFoundError, ImportError,
                lock.WorkdirLockedError)

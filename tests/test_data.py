@@ -15,7 +15,9 @@ from mlm_jax.data import masking
 from mlm_jax.data import packing
 from mlm_jax.data import pipeline as input_pipeline
 from mlm_jax.data import prepare
+from mlm_jax.data import prepared as prepared_lib
 from mlm_jax.data import sp_tokenizer
+from mlm_jax.data import tfds_export
 from mlm_jax.data import tokenizer as tok
 from tests.conftest import micro_config
 
@@ -67,6 +69,15 @@ def test_rows_are_packed_full_sentences(prepared):
   assert data.stats['validation']['documents'] > 0
 
 
+def test_a_data_dir_holds_its_rows_once_unless_the_tfds_export_is_asked_for(prepared):
+  _, data = prepared
+  assert sorted(os.listdir(data.data_dir)) == ['fingerprint.json', 'report.json', 'rows',
+                                               'stats.json', 'tokenizer.model',
+                                               'unigram_counts.npy']
+  names = [name for _, _, files in os.walk(data.data_dir) for name in files]
+  assert not [name for name in names if 'array_record' in name]
+
+
 def test_prepare_is_reused_and_guards_other_data(prepared, tmp_path):
   config, data = prepared
   model_file = os.path.join(data.data_dir, 'tokenizer.model')
@@ -74,17 +85,21 @@ def test_prepare_is_reused_and_guards_other_data(prepared, tmp_path):
   again = prepare.prepare(config)
   assert again.data_dir == data.data_dir
   assert os.stat(model_file).st_mtime_ns == mtime  # Not retrained.
+  # What training's other processes do: read it, never prepare it.
+  assert prepared_lib.load_prepared(config).data_dir == data.data_dir
+  with pytest.raises(prepared_lib.DataDirError, match='prepare it first'):
+    prepared_lib.load_prepared(micro_config(config.data.corpus, str(tmp_path / 'none')))
   # Same data dir, other settings: refused, nothing touched.
   other = micro_config(config.data.corpus, data.data_dir)
   other.tokenizer.vocab_size = 700
-  with pytest.raises(prepare.DataDirError, match='tokenizer'):
+  with pytest.raises(prepared_lib.DataDirError, match='tokenizer'):
     prepare.prepare(other)
   assert os.stat(model_file).st_mtime_ns == mtime
   # A non-empty directory that is not ours: refused, its files kept.
   foreign = tmp_path / 'mine'
   foreign.mkdir()
   (foreign / 'notes.txt').write_text('keep me')
-  with pytest.raises(prepare.DataDirError, match='not empty'):
+  with pytest.raises(prepared_lib.DataDirError, match='not empty'):
     prepare.prepare(micro_config(config.data.corpus, str(foreign)))
   assert (foreign / 'notes.txt').read_text() == 'keep me'
 
@@ -165,7 +180,7 @@ def test_an_existing_tokenizer_is_used_instead_of_training_one(prepared, tmp_pat
   # Keyed by the file's sha256 under the name earlier versions gave it: their data dirs stay.
   with open(other.tokenizer.model_file, 'rb') as f:
     digest = hashlib.sha256(f.read()).hexdigest()
-  assert prepare.fingerprint(other.data, other.tokenizer)['tokenizer'] == {
+  assert prepared_lib.fingerprint(other.data, other.tokenizer)['tokenizer'] == {
       'model_file_sha256': digest}
   np.testing.assert_array_equal(reused.unigram_counts, data.unigram_counts)
 
@@ -229,8 +244,8 @@ def test_sentences_sentencepiece_would_skip_are_counted():
 
 
 def test_rows_serialize_to_the_bytes_of_tfds_feature_encoding():
-  spec = packing.features(16)
+  spec = tfds_export.features(16)
   rng = np.random.default_rng(0)
   for row in [np.zeros(16, np.int32), rng.integers(0, 2**31 - 1, 16).astype(np.int32),
               rng.integers(0, 300, 16).astype(np.int32)]:
-    assert packing.serialize_row(row) == spec.serialize_example({'input_ids': row})
+    assert tfds_export.serialize_row(row) == spec.serialize_example({'input_ids': row})

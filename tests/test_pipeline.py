@@ -19,6 +19,7 @@ from mlm_jax.data import masking
 from mlm_jax.data import packed_rows
 from mlm_jax.data import pipeline as input_pipeline
 from mlm_jax.data import prepare
+from mlm_jax.data import prepared as prepared_lib
 from mlm_jax.data import sentence_pairs
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
@@ -58,9 +59,19 @@ def _packed_rows(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
   return rows
 
 
-def test_row_reader_matches_tfds_decoding(prepared, tmp_path):
-  _, data = prepared
-  tfds_source = tfds.builder_from_directory(data.rows_dir).as_data_source('train')
+def test_the_tfds_export_added_to_a_data_dir_reads_as_its_rows(prepared, tmp_path):
+  config, data = prepared
+  assert not prepared_lib.has_tfds_export(data.data_dir)  # Not written unless asked for.
+  # Asked of a data dir prepared without it: added from the rows, nothing prepared again.
+  copy = tmp_path / 'copy'
+  shutil.copytree(data.data_dir, copy)
+  before = {p: p.stat().st_mtime_ns for p in copy.rglob('*') if p.is_file()}
+  config = config.copy_and_resolve_references()
+  config.data.data_dir, config.data.tfds_export = str(copy), True
+  exported = prepare.prepare(config)
+  assert {p: p.stat().st_mtime_ns for p in before} == before
+  assert prepared_lib.has_tfds_export(exported.data_dir)
+  tfds_source = tfds.builder_from_directory(exported.tfds_dir).as_data_source('train')
   dense = data.source('train')
   assert isinstance(dense, packed_rows.DenseRows)      # The .npy shards are read.
   assert len(dense) == len(tfds_source)
@@ -75,8 +86,8 @@ def test_row_reader_matches_tfds_decoding(prepared, tmp_path):
   old = tmp_path / 'old'
   shutil.copytree(data.data_dir, old)
   shutil.rmtree(old / packed_rows.DENSE_DIR)
-  with pytest.raises(prepare.DataDirError) as raised:
-    prepare.load(str(old))
+  with pytest.raises(prepared_lib.DataDirError) as raised:
+    prepared_lib.load(str(old))
   assert '\n' not in str(raised.value)
   assert 'delete it and prepare it again with `python -m mlm_jax.prepare' in str(raised.value)
 

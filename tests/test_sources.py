@@ -24,6 +24,7 @@ from mlm_jax.data import line_sample
 from mlm_jax.data import packed_rows
 from mlm_jax.data import packing
 from mlm_jax.data import prepare
+from mlm_jax.data import prepared as prepared_lib
 from mlm_jax.data import tokenizer as tok
 from tests.conftest import REPO
 from tests.conftest import micro_config
@@ -33,17 +34,18 @@ from tests.conftest import write_config_file
 DOCS = [re.sub(r'\n\s*\n', '\n', d) for d, _ in zip(corpus.stdlib_docstrings(), range(400))]
 
 
-def _rows(data: prepare.PreparedData, split: str) -> np.ndarray:
-  """A split's rows, checked equal in both layouts (.npy shards and tfds records)."""
+def _rows(data: prepared_lib.PreparedData, split: str) -> np.ndarray:
+  """A split's rows (its .npy shards); checked equal to the tfds export's where there is one."""
   dense = data.source(split)
   rows = dense.read(np.arange(len(dense)))
-  records = tfds.builder_from_directory(data.rows_dir).as_data_source(split)
-  np.testing.assert_array_equal(
-      rows, np.stack([records[i]['input_ids'] for i in range(len(records))]))
+  if prepared_lib.has_tfds_export(data.data_dir):
+    records = tfds.builder_from_directory(data.tfds_dir).as_data_source(split)
+    np.testing.assert_array_equal(
+        rows, np.stack([records[i]['input_ids'] for i in range(len(records))]))
   return rows
 
 
-def _in_rows(data: prepare.PreparedData, document: str) -> bool:
+def _in_rows(data: prepared_lib.PreparedData, document: str) -> bool:
   """Whether a whole document's ids, with its [SEP], appear in the packed rows."""
   ids = np.array(data.tokenizer.encode([document])[0] + [data.tokenizer.specials.sep],
                  np.int32).tobytes()
@@ -57,7 +59,7 @@ def _in_rows(data: prepare.PreparedData, document: str) -> bool:
   return False
 
 
-def _assert_same_data(a: prepare.PreparedData, b: prepare.PreparedData) -> None:
+def _assert_same_data(a: prepared_lib.PreparedData, b: prepared_lib.PreparedData) -> None:
   """The same tokenizer and rows; byte for byte when both have the same number of shards."""
   assert a.tokenizer.spec()['pieces'] == b.tokenizer.spec()['pieces']
   files = {}
@@ -308,7 +310,7 @@ def test_interrupted_prepare_resumes_to_the_same_dataset_for_any_worker_count(
   assert work['shards'] > 3
   assert not os.path.exists(partial)
   assert sorted(os.listdir(data_dir)) == ['fingerprint.json', 'report.json', 'rows',
-                                          'stats.json', 'tfds', 'tokenizer.model',
+                                          'stats.json', 'tokenizer.model',
                                           'unigram_counts.npy']
   # Clean prepares elsewhere: 2 workers with the same units, 1 worker with one unit.
   clean = prepare.prepare(_config(spec, tmp_path / 'clean2', workers=2))
@@ -332,7 +334,7 @@ def test_an_unfinished_prepare_of_other_settings_is_replaced_and_a_foreign_one_k
   foreign = tmp_path / 'other.partial'
   foreign.mkdir()
   (foreign / 'mine.txt').write_text('keep me')
-  with pytest.raises(prepare.DataDirError, match='not an unfinished mlm_jax prepare'):
+  with pytest.raises(prepared_lib.DataDirError, match='not an unfinished mlm_jax prepare'):
     prepare.prepare(_config(str(tmp_path / 'a.txt'), tmp_path / 'other'))
   assert (foreign / 'mine.txt').read_text() == 'keep me'
 
@@ -530,11 +532,34 @@ def test_the_prepare_command_prepares_once_and_reports(tmp_path):
   assert first.returncode == 0, first.stderr[-2000:]
   assert 'Prepared ' in first.stdout and f'Data dir: {data_dir}' in first.stdout
   assert (data_dir / 'fingerprint.json').exists() and (data_dir / packed_rows.DENSE_DIR).is_dir()
-  again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert again.returncode == 0 and 'Prepared ' not in again.stdout   # Reused, not redone.
+  assert not list(data_dir.rglob('*array_record*'))  # One row format unless asked.
+  rows = {p: p.stat().st_mtime_ns for p in (data_dir / packed_rows.DENSE_DIR).iterdir()}
+  again = subprocess.run(cmd + ['--tfds_export'], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+  assert again.returncode == 0 and 'Prepared ' not in again.stdout   # Reused, not redone,
+  assert f'tfds export: {data_dir}' in again.stdout                  # the export added
+  assert rows == {p: p.stat().st_mtime_ns for p in (data_dir / packed_rows.DENSE_DIR).iterdir()}
+  assert prepared_lib.has_tfds_export(str(data_dir))
+  _rows(prepared_lib.load(str(data_dir)), 'train')                       # from the same rows.
   bad = subprocess.run(cmd + ['--config.data.num_workers=-1'], cwd=REPO, capture_output=True,
                        text=True, timeout=300)
   assert bad.returncode == 2 and 'num_workers' in bad.stderr
+
+
+def test_a_gz_file_that_is_not_gzip_or_is_cut_short_is_skipped_and_counted(tmp_path):
+  """Skipped, named in the report, and the rest of the corpus read (a longer file cut short keeps
+  what reads before the break: test_bad_inputs_are_used_or_skipped_and_counted)."""
+  (tmp_path / 'plain.txt.gz').write_text('Plain text, never compressed.\n')
+  (tmp_path / 'cut.txt.gz').write_bytes(gzip.compress('\n\n'.join(DOCS[:40]).encode())[:-30])
+  (tmp_path / 'good.txt').write_text('\n\n'.join(DOCS[40:80]))
+  c = corpus.resolve(_config(f'{tmp_path}/*.gz,{tmp_path}/good.txt', tmp_path / 'x').data)
+  tally = corpus.Tally()
+  docs = [piece for unit in c.units for first, piece in c.pieces(unit, tally) if first]
+  assert docs == [d.strip() for d in DOCS[40:80]]
+  assert tally.counts['read_error'] == 2 and tally.counts['files_used'] == 1
+  reasons = {os.path.basename(e['input']): e['reason'] for e in tally.skipped}
+  assert reasons['plain.txt.gz'].startswith('cannot read: Not a gzipped file')
+  assert 'Compressed file ended before the end-of-stream marker' in reasons['cut.txt.gz']
 
 
 def test_a_file_that_vanishes_after_its_first_range_is_reported_per_range(tmp_path, monkeypatch):
@@ -561,10 +586,12 @@ def test_apache_beam_prepares_the_same_dataset_as_local_workers(tmp_path, monkey
   (tmp_path / 'b.txt').write_text('\n\n'.join(DOCS[:40]))
   pq.write_table(pa.table({'text': DOCS[40:200]}), tmp_path / 'c.parquet', row_group_size=20)
   spec = f'{tmp_path}/*.txt,{tmp_path}/c.parquet'        # Row groups are units too.
-  local = prepare.prepare(_config(spec, tmp_path / 'local', workers=2))
+  # With the tfds export, its tasks run on Beam too.
+  local = prepare.prepare(_config(spec, tmp_path / 'local', workers=2, tfds_export=True))
   beam_options = ['--runner=DirectRunner', '--direct_num_workers=2',
                   '--direct_running_mode=multi_processing']
-  beam = prepare.prepare(_config(spec, tmp_path / 'beam'), beam_options)
+  beam = prepare.prepare(_config(spec, tmp_path / 'beam', tfds_export=True), beam_options)
+  assert prepared_lib.has_tfds_export(beam.data_dir)
   work = beam.report['work']
   assert work['units'] > 5 and work['shards'] > 3 and work['beam_options'] == beam_options
   assert beam.report['tokenizer'] == local.report['tokenizer']

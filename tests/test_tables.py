@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import datasets
 import fsspec
@@ -20,7 +22,10 @@ from mlm_jax.data import masking
 from mlm_jax.data import packing
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
+from mlm_jax.data import prepared as prepared_lib
 from mlm_jax.data import tokenizer as tok_lib
+from tests.conftest import REPO
+from tests.conftest import write_config_file
 from tests.test_sources import DOCS
 from tests.test_sources import _assert_same_data
 from tests.test_sources import _config
@@ -52,6 +57,47 @@ def test_a_parquet_file_reads_row_groups_as_units_and_names_bad_rows(tmp_path, m
   nulls = [e for e in tally.skipped if e['reason'].startswith('null')]
   assert [row for e in nulls for row in e['rows']] == [5, 7]
   assert all('b.parquet (row groups' in e['input'] for e in nulls)
+
+
+def test_an_unreadable_parquet_or_arrow_file_is_one_line_naming_it(tmp_path, monkeypatch):
+  """Not a parquet file, a truncated one, a damaged row group, an Arrow file that is not Arrow:
+  each stops the prepare with one line naming the file (and the row group), never a traceback."""
+  docs = DOCS[:30]
+  pq.write_table(pa.table({'text': docs}), tmp_path / 'good.parquet', row_group_size=10)
+  good = (tmp_path / 'good.parquet').read_bytes()
+  (tmp_path / 'text.parquet').write_text('\n\n'.join(docs))
+  (tmp_path / 'truncated.parquet').write_bytes(good[:len(good) // 2] + good[-8:])
+  damaged = bytearray(good)
+  column = pq.ParquetFile(tmp_path / 'good.parquet').metadata.row_group(1).column(0)
+  damaged[column.data_page_offset + 8:column.data_page_offset + 200] = b'\xab' * 192
+  (tmp_path / 'damaged.parquet').write_bytes(bytes(damaged))
+  datasets.Dataset.from_dict({'text': docs}).save_to_disk(str(tmp_path / 'ds'))
+  arrow_file = next((tmp_path / 'ds').glob('*.arrow'))
+  arrow_file.write_bytes(b'not an Arrow stream, ' * 20)
+  for name, match in (('text.parquet', 'text.parquet cannot be read as a parquet file'),
+                      ('truncated.parquet', 'truncated.parquet cannot be read as a parquet'),
+                      ('ds', f'{arrow_file.name} cannot be read as an Arrow stream file')):
+    with pytest.raises(corpus.CorpusError, match=match) as raised:
+      corpus.resolve(_config(str(tmp_path / name), tmp_path / 'x').data)
+    assert '\n' not in str(raised.value) and 'remove it from the corpus' in str(raised.value)
+  # The footer reads; the damage is found where the rows are read, in a worker.
+  c = corpus.resolve(_config(str(tmp_path / 'damaged.parquet'), tmp_path / 'x').data)
+  with pytest.raises(corpus.CorpusError, match=r'damaged.parquet \(row group 1\) cannot be read'):
+    for unit in c.units:
+      list(c.pieces(unit, corpus.Tally()))
+
+
+@pytest.mark.slow
+def test_the_prepare_command_names_a_file_that_is_not_parquet_in_one_line(tmp_path):
+  (tmp_path / 'a.parquet').write_text('\n\n'.join(DOCS[:30]))
+  config_file = write_config_file(tmp_path / 'c.py', str(tmp_path / 'a.parquet'),
+                                  str(tmp_path / 'data'))
+  run = subprocess.run([sys.executable, '-m', 'mlm_jax.prepare', f'--config={config_file}'],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 2, run.stderr[-2000:]
+  assert 'Traceback' not in run.stderr
+  errors = [line for line in run.stderr.splitlines() if line.startswith('error: ')]
+  assert len(errors) == 1 and f'{tmp_path}/a.parquet cannot be read as a parquet' in errors[0]
 
 
 def test_a_missing_or_wrong_column_is_one_line_listing_the_columns(tmp_path):
@@ -222,7 +268,17 @@ def test_a_data_dir_at_a_bucket_url_is_prepared_once_and_read_from_a_local_copy(
   for data in (again, first):
     np.testing.assert_array_equal(data.source('train').read(np.arange(20)),
                                   local.source('train').read(np.arange(20)))
+  # Training's other processes read it without preparing: through their own copy.
+  monkeypatch.setenv('MLM_JAX_CACHE', str(tmp_path / 'cache3'))
+  read = prepared_lib.load_prepared(config)
+  assert read.data_dir.startswith(str(tmp_path / 'cache3'))
+  # The tfds export asked for later: made from the copy's rows, copied up, nothing prepared.
+  config.data.tfds_export = True
+  exported = prepare.prepare(config)
+  assert exported.data_dir == read.data_dir and prepared_lib.has_tfds_export(read.data_dir)
+  assert (bucket / 'data' / 'tfds' / 'mlm_rows' / '1.0.0' / 'dataset_info.json').exists()
+  assert not (tmp_path / 'cache3' / 'data').exists()
   other = _config('gs://bucket/a.parquet', 'gs://bucket/data')
   other.tokenizer.vocab_size = 700
-  with pytest.raises(prepare.DataDirError, match='other settings'):
+  with pytest.raises(prepared_lib.DataDirError, match='other settings'):
     prepare.prepare(other)

@@ -15,6 +15,7 @@ from mlm_jax.config_check import ConfigError
 from mlm_jax.data import hf_tokenizer
 from mlm_jax.data import masking
 from mlm_jax.data import prepare
+from mlm_jax.data import prepared as prepared_lib
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.training import checkpoint
@@ -76,7 +77,7 @@ def test_trained_kinds_pack_rows_with_their_own_ids(by_kind, kind):
   assert os.path.isfile(os.path.join(data.data_dir, 'tokenizer', 'tokenizer.json'))
   assert not os.path.exists(os.path.join(data.data_dir, 'tokenizer.model'))
   assert not os.path.exists(os.path.join(data.data_dir, 'tokenizer_sample.json'))
-  assert prepare.load(data.data_dir).tokenizer.digest() == t.digest()
+  assert prepared_lib.load(data.data_dir).tokenizer.digest() == t.digest()
   s = t.specials
   for split in ('train', 'validation'):
     rows = _rows(data, split)
@@ -174,13 +175,13 @@ def test_whole_word_masking_masks_whole_words_of_each_kind(by_kind, kind):
 def test_the_data_dir_key_follows_the_tokenizers_content(by_kind, small_corpus, tmp_path):
   sp_config, _ = by_kind['sentencepiece']
   # The default's entries are those of earlier versions: their cached data dirs stay valid.
-  assert prepare.fingerprint(sp_config.data, sp_config.tokenizer)['tokenizer'] == {
+  assert prepared_lib.fingerprint(sp_config.data, sp_config.tokenizer)['tokenizer'] == {
       'vocab_size': 400, 'model_type': 'unigram', 'character_coverage': 0.9995,
       'max_sentences': sp_config.tokenizer.max_sentences}
 
   def key(config) -> str:
     config.data.data_dir = ''
-    return prepare.resolve_data_dir(config)[0]
+    return prepared_lib.resolve_data_dir(config)[0]
 
   keys = {key(_config(small_corpus, '', kind)) for kind in KINDS}
   uncased = _config(small_corpus, '', 'wordpiece')
@@ -196,7 +197,7 @@ def test_the_data_dir_key_follows_the_tokenizers_content(by_kind, small_corpus, 
   moved = _config(small_corpus, '', 'bpe')  # The kind of a given tokenizer does not matter.
   moved.tokenizer.model_file = str(copy)
   assert key(given) == key(moved) and key(given) not in keys
-  assert prepare.fingerprint(given.data, given.tokenizer)['tokenizer'] == {
+  assert prepared_lib.fingerprint(given.data, given.tokenizer)['tokenizer'] == {
       'tokenizer_sha256': wordpiece.tokenizer.digest()}
   spec = json.loads((copy / 'tokenizer.json').read_text())
   spec['model']['vocab'] = {(f'{p}x' if i == 300 else p): i
@@ -239,7 +240,7 @@ def test_a_given_tokenizer_is_kept_and_grows_by_the_words_to_add(by_kind, small_
   new_id, = added
   assert base.decode(added[new_id]) == RARE and added[new_id] == base.encode([RARE])[0]
   assert grown.tokenizer.id_to_piece(new_id) == RARE
-  with open(os.path.join(grown.data_dir, prepare.ADDED_TOKENS)) as f:
+  with open(os.path.join(grown.data_dir, prepared_lib.ADDED_TOKENS)) as f:
     assert json.load(f) == {'spelled': {str(new_id): added[new_id]},
                             'base_vocab_size': base.vocab_size}
   # The rows spell the word's 3 uses with its new id, and nothing else changed.
@@ -249,7 +250,7 @@ def test_a_given_tokenizer_is_kept_and_grows_by_the_words_to_add(by_kind, small_
           == sum(wordpiece.stats[split]['tokens'] for split in splits)
           - 3 * (len(added[new_id]) - 1))
   assert grown.report['tokenizer']['added_tokens'] == 1
-  assert prepare.load(grown.data_dir).tokenizer.digest() == grown.tokenizer.digest()
+  assert prepared_lib.load(grown.data_dir).tokenizer.digest() == grown.tokenizer.digest()
 
 
 def test_a_sentencepiece_tokenizer_cannot_take_added_words(by_kind, small_corpus, tmp_path):

@@ -27,7 +27,7 @@ import numpy as np
 from mlm_jax import model as model_lib
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline as input_pipeline
-from mlm_jax.data import prepare as prepare_lib
+from mlm_jax.data import prepared
 from mlm_jax.training import objective
 from mlm_jax.training import workdir as workdir_lib
 
@@ -64,7 +64,7 @@ def layer_report(workdir: str, *, max_batches: int | None = None,
     raise FileNotFoundError(
         f'the prepared data of this run ({data_dir}, from config.json) is missing; '
         'prepare it again with the run\'s config (python -m mlm_jax.train does).')
-  data = prepare_lib.load(data_dir)
+  data = prepared.load(data_dir)
   tokenizer = data.tokenizer
   masker = masking.make_masker(config.masking, tokenizer, data.unigram_counts)
   source = data.source('validation')

@@ -34,6 +34,7 @@ from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.data import prepared
 from mlm_jax.interop import torch_mlm
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
@@ -174,7 +175,7 @@ def train_hf_model(config: ml_collections.ConfigDict, log: Callable[[str], None]
   return model, figures
 
 
-def evaluate_hf(model: torch_mlm.TorchMLM, data: prepare.PreparedData, masker: masking.Masker,
+def evaluate_hf(model: torch_mlm.TorchMLM, data: prepared.PreparedData, masker: masking.Masker,
                 eval_config: ml_collections.ConfigDict, num_devices: int) -> dict[str, Any]:
   """evaluate.evaluate's figures for the torch model: the same batches, masks and sums."""
   source = data.source('validation')

@@ -14,12 +14,17 @@ parquet, within the dataset for a datasets directory (as `dataset[i]`).
 Bad rows are reported as bad lines of files are: a null is skipped and
 counted; a binary column's invalid UTF-8 is replaced and counted. A column
 that is missing, or holds neither text nor lists of integers, is an error
-naming the columns there are. Files are opened through data/paths.py, so a
-bucket URL works where its fsspec back end is installed.
+naming the columns there are. A file pyarrow cannot read (not parquet, not
+Arrow, truncated, corrupt) is a one-line CorpusError naming it, not skipped:
+a table's rows cannot be read past the damage, and a corpus quietly missing
+a file of it would train on other data than the config names. Files are
+opened through data/paths.py, so a bucket URL works where its fsspec back
+end is installed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 
@@ -56,8 +61,25 @@ def data_files(path: str) -> list[str]:
     splits = json.loads(paths.read_text(paths.join(path, _DATASET_DICT)))['splits']
     raise CorpusError(f'{path} holds a DatasetDict (splits {splits}); name the directory of '
                       f'one split, e.g. {paths.join(path, splits[0])}.')
-  state = json.loads(paths.read_text(paths.join(path, _STATE)))
-  return [paths.join(path, f['filename']) for f in state['_data_files']]
+  try:
+    state = json.loads(paths.read_text(paths.join(path, _STATE)))
+    return [paths.join(path, f['filename']) for f in state['_data_files']]
+  except (ValueError, KeyError, TypeError) as e:
+    raise CorpusError(f'{paths.join(path, _STATE)} is not a datasets state.json listing its '
+                      f'Arrow files ({type(e).__name__}: {e}); save the dataset again with '
+                      'save_to_disk, or remove it from the corpus.') from e
+
+
+@contextlib.contextmanager
+def _reading(path: str, what: str = '') -> Iterator[None]:
+  """Turns pyarrow's error for an unreadable file into a CorpusError naming it (and `what`)."""
+  try:
+    yield
+  except (pa.ArrowException, OSError) as e:  # ArrowInvalid, or OSError for bad thrift.
+    kind = 'a parquet' if path.endswith('.parquet') else 'an Arrow stream'
+    raise CorpusError(f'{path}{what} cannot be read as {kind} file ({type(e).__name__}: '
+                      f'{str(e).strip()}); it is not one, or it is damaged: replace it, or '
+                      'remove it from the corpus.') from e
 
 
 def _open(path: str):
@@ -67,9 +89,10 @@ def _open(path: str):
 
 
 def _schema(path: str) -> pa.Schema:
-  if path.endswith('.parquet'):
-    return pq.read_schema(_open(path))
-  return pa.ipc.open_stream(_open(path)).schema
+  with _reading(path):
+    if path.endswith('.parquet'):
+      return pq.read_schema(_open(path))
+    return pa.ipc.open_stream(_open(path)).schema
 
 
 def _kind(column_type: pa.DataType) -> str:
@@ -172,38 +195,46 @@ class TableSource(sources_lib.Source):
 
 
 def _num_rows(path: str) -> int:
-  if path.endswith('.parquet'):
-    return pq.ParquetFile(_open(path)).metadata.num_rows
-  return sum(b.num_rows for b in pa.ipc.open_stream(_open(path)))
+  with _reading(path):
+    if path.endswith('.parquet'):
+      return pq.ParquetFile(_open(path)).metadata.num_rows
+    return sum(b.num_rows for b in pa.ipc.open_stream(_open(path)))
 
 
 def _part_sizes(path: str) -> list[int]:
   """Bytes of each row group (parquet, uncompressed) or record batch (Arrow)."""
-  if path.endswith('.parquet'):
-    meta = pq.ParquetFile(_open(path)).metadata
-    return [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]
-  return [b.nbytes for b in pa.ipc.open_stream(_open(path))]
+  with _reading(path):
+    if path.endswith('.parquet'):
+      meta = pq.ParquetFile(_open(path)).metadata
+      return [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]
+    return [b.nbytes for b in pa.ipc.open_stream(_open(path))]
 
 
 def _rows_before(path: str, part: int) -> int:
   """Rows of a file before its row group (record batch) `part`."""
-  if path.endswith('.parquet'):
-    meta = pq.ParquetFile(_open(path)).metadata
-    return sum(meta.row_group(g).num_rows for g in range(part))
-  reader = pa.ipc.open_stream(_open(path))
-  return sum(reader.read_next_batch().num_rows for _ in range(part))
+  with _reading(path):
+    if path.endswith('.parquet'):
+      meta = pq.ParquetFile(_open(path)).metadata
+      return sum(meta.row_group(g).num_rows for g in range(part))
+    reader = pa.ipc.open_stream(_open(path))
+    return sum(reader.read_next_batch().num_rows for _ in range(part))
 
 
 def _columns(path: str, key: str, unit: Unit) -> Iterator[pa.Array]:
   """The column `key` of each row group / record batch of a unit, in order."""
   if unit.kind == 'row_groups':
-    parquet = pq.ParquetFile(_open(path))
+    with _reading(path):
+      parquet = pq.ParquetFile(_open(path))
     for g in range(unit.start, unit.stop):
-      yield from parquet.read_row_group(g, columns=[key]).column(key).chunks
+      with _reading(path, f' (row group {g})'):
+        chunks = parquet.read_row_group(g, columns=[key]).column(key).chunks
+      yield from chunks
     return
-  reader = pa.ipc.open_stream(_open(path))
+  with _reading(path):
+    reader = pa.ipc.open_stream(_open(path))
   for b in range(unit.stop):
-    batch = reader.read_next_batch()
+    with _reading(path, f' (record batch {b})'):
+      batch = reader.read_next_batch()
     if b >= unit.start:
       yield batch.column(key)
 

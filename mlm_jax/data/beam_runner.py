@@ -1,14 +1,15 @@
 """Prepare's stages on Apache Beam (python -m mlm_jax.prepare --beam).
 
 `BeamPool` stands in for packing.Pool: the same task functions
-(packing.sample_unit, tokenize_unit, write_shard) on the same tasks, each
-stage run as one Beam pipeline, so that a runner spreads the tasks over its
-workers: DirectRunner's processes on one machine, or Dataflow, Flink or Spark
-workers on a cluster. The driver (this process) does what needs the whole
-corpus at once, as in a local prepare: cutting the corpus into units, merging
-the tokenizer sample, training the tokenizer and writing the tfds metadata.
-Every task's output is a pure function of its inputs, so the data dir is the
-same byte for byte whatever runs the tasks.
+(packing.sample_unit, tokenize_unit, write_shard, tfds_export.export_shard) on
+the same tasks, each stage run as one Beam pipeline, so that a runner spreads
+the tasks over its workers: DirectRunner's processes on one machine, or
+Dataflow, Flink or Spark workers on a cluster. The driver (this process) does
+what needs the whole corpus at once, as in a local prepare: cutting the
+corpus into units, merging the tokenizer sample, training the tokenizer and,
+when the rows are exported to tfds, writing the export's metadata. Every
+task's output is a pure function of its inputs, so the data dir is the same
+byte for byte whatever runs the tasks.
 
 The tasks read the corpus and write into the data dir by path: on a cluster
 both must be on a filesystem that every worker mounts at the same path
@@ -53,14 +54,16 @@ def check_options(options: list[str]) -> None:
 
 
 class _RunTask(beam.DoFn):
-  """A DoFn: packing.init_worker once per worker, then fn(*task) per element."""
+  """A DoFn: packing.init_worker once per worker (unless `init_args` is None), then fn(*task)
+  per element."""
 
   def __init__(self, fn: Callable, init_args: tuple, results_dir: str | None):
     super().__init__()
     self._fn, self._init_args, self._results_dir = fn, init_args, results_dir
 
   def setup(self) -> None:
-    packing.init_worker(*self._init_args)
+    if self._init_args is not None:
+      packing.init_worker(*self._init_args)
 
   def process(self, element: tuple[int, bytes]) -> Iterator[Any]:
     index, task = element
@@ -82,7 +85,7 @@ class BeamPool:
   in the data dir for results on their way back to the driver.
   """
 
-  def __init__(self, options: list[str], init_args: tuple, scratch: str):
+  def __init__(self, options: list[str], init_args: tuple | None, scratch: str):
     self.options = list(options)
     self._pipeline_options = pipeline_options.PipelineOptions(self.options)
     self._init_args, self._scratch = init_args, scratch

@@ -2,10 +2,11 @@
 
 Prepare (data/packing.py) writes shard k of n of a split as
 DATA_DIR/rows/SPLIT-KKKKK-of-NNNNN.npy, an array [rows, T] of ids (uint16
-while the vocabulary fits, else int32), beside the tfds dataset of the same
-rows. Reading a row is an index into a mapped array, with nothing to
-decompress or parse, so that reading stays a small part of the input
-pipeline's work (docs/benchmarks.md times it). Numpy only: grain's worker
+while the vocabulary fits, else int32): the one format of the rows on disk
+(the tfds dataset of data/tfds_export.py is an export of them). Reading a
+row is an index into a mapped array, with nothing to decompress or parse,
+so that reading stays a small part of the input pipeline's work
+(docs/benchmarks.md times it). Numpy only: grain's worker
 processes import this module.
 """
 

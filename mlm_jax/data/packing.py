@@ -6,9 +6,9 @@ that split's stream `doc [SEP] doc [SEP] ...` over all units in order, so each
 shard is computed from the unit files alone, by any worker. Everything is
 written under a temporary name and renamed when complete.
 
-Each shard is written twice: as the tfds array_record dataset (tf.Example
-records, what tfds and other tools read) and as a plain .npy array of its
-rows under DATA_DIR/rows/, which the input pipeline reads (data/packed_rows.py).
+Each shard is a plain .npy array of its rows under DATA_DIR/rows/, which the
+input pipeline reads (data/packed_rows.py); the tfds copy of the rows is an
+export made from these files when asked for (data/tfds_export.py).
 """
 
 from __future__ import annotations
@@ -29,10 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import tensorflow_datasets as tfds
 import tqdm
-from array_record.python import array_record_module
-from tensorflow_datasets.proto import tf_example_pb2
 
 from mlm_jax.data import corpus as corpus_lib
 from mlm_jax.data import line_sample
@@ -43,8 +40,6 @@ from mlm_jax.data.sources import Ids
 
 # Texts per tokenizer encode call.
 _DOCS_PER_CHUNK = 2000
-ROWS_NAME, ROWS_VERSION = 'mlm_rows', '1.0.0'
-FILENAME_TEMPLATE = '{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}'
 
 
 def is_validation(text: str | Ids, fraction: float, seed: int) -> bool:
@@ -120,19 +115,25 @@ def sample_unit(index: int, unit: corpus_lib.Unit, max_lines: int, seed: int,
 
 
 class Pool:
-  """`workers` spawned processes (or this one, for 1) that run tasks with a progress bar."""
+  """`workers` spawned processes (or this one, for 1) that run tasks with a progress bar.
 
-  def __init__(self, workers: int, init_args: tuple):
+  `init_args`: init_worker's, for the tasks that read the corpus or the
+  tokenizer; None for tasks that need neither (the tfds export).
+  """
+
+  def __init__(self, workers: int, init_args: tuple | None):
     self._workers, self._init_args, self._executor = workers, init_args, None
 
   def __enter__(self) -> Pool:
+    init = self._init_args is not None
     if self._workers == 1:
-      init_worker(*self._init_args)
+      if init:
+        init_worker(*self._init_args)
     else:
       # Spawned, not forked: the caller may have started JAX's threads.
       self._executor = concurrent.futures.ProcessPoolExecutor(
           self._workers, mp_context=multiprocessing.get_context('spawn'),
-          initializer=init_worker, initargs=self._init_args)
+          initializer=init_worker if init else None, initargs=self._init_args or ())
     return self
 
   def __exit__(self, *exc) -> None:
@@ -380,9 +381,10 @@ def unit_stream(unit_dir: str, validation: bool, lo: int, hi: int, sep_id: int) 
 
 
 def write_shard(split: str, k: int, num_shards: int, r0: int, r1: int,
-                 stream: list[tuple[str, int, int, int]], rows_dir: str, dense_dir: str,
-                 tmp_dir: str, counts_dir: str) -> None:
-  """Writes rows [r0, r1) of a split as shard k, in both layouts (and, for train, its counts)."""
+                stream: list[tuple[str, int, int, int]], dense_dir: str, tmp_dir: str,
+                counts_dir: str) -> None:
+  """Writes rows [r0, r1) of a split as .npy shard k (and, for train, its counts first: the
+  shard's presence marks both complete)."""
   seq_len = _WORKER['seq_len']
   tokenizer = _tokenizer()
   specials = tokenizer.specials
@@ -412,44 +414,6 @@ def write_shard(split: str, k: int, num_shards: int, r0: int, r1: int,
   tmp = os.path.join(tmp_dir, f'{split}-{k:05d}-{os.getpid()}.npy')
   np.save(tmp, rows.astype(dense_dtype(tokenizer.vocab_size)))
   os.replace(tmp, packed_rows.dense_path(dense_dir, split, k, num_shards))
-  tmp = os.path.join(tmp_dir, f'{split}-{k:05d}-{os.getpid()}')
-  # One record per chunk, as tfds writes them, but not compressed: a row of
-  # varints barely shrinks on its own, so compressing each one would cost
-  # time and save no space. Readers take the options from the file.
-  writer = array_record_module.ArrayRecordWriter(tmp, 'group_size:1,uncompressed')
-  for row in rows:
-    writer.write(serialize_row(row))
-  writer.close()
-  # Last: the array_record shard's presence marks the shard (both layouts) complete.
-  os.replace(tmp, shard_path(rows_dir, split, k, num_shards))
-
-
-def serialize_row(row: np.ndarray) -> bytes:
-  """The tf.Example of one row, byte for byte what features(T).serialize_example gives.
-
-  Built with the protobuf class directly, which costs a fraction of tfds's
-  generic feature encoding per row; tests/test_data.py checks the bytes are
-  the same.
-  """
-  example = tf_example_pb2.Example()
-  example.features.feature['input_ids'].int64_list.value.extend(row.tolist())
-  return example.SerializeToString()
-
-
-def features(seq_len: int) -> tfds.features.FeaturesDict:
-  return tfds.features.FeaturesDict({
-      'input_ids': tfds.features.Tensor(shape=(seq_len,), dtype=np.int32)})
-
-
-def template(rows_dir: str, split: str) -> tfds.core.ShardedFileTemplate:
-  return tfds.core.ShardedFileTemplate(
-      data_dir=rows_dir, template=FILENAME_TEMPLATE, dataset_name=ROWS_NAME, split=split,
-      filetype_suffix='array_record')
-
-
-def shard_path(rows_dir: str, split: str, k: int, num_shards: int) -> str:
-  return os.fspath(template(rows_dir, split).sharded_filepath(shard_index=k,
-                                                               num_shards=num_shards))
 
 
 def dense_dtype(vocab_size: int) -> type:

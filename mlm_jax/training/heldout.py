@@ -9,7 +9,7 @@ import ml_collections
 
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
-from mlm_jax.data import prepare
+from mlm_jax.data import prepared
 from mlm_jax.runtime import sharding
 from mlm_jax.training import objective
 
@@ -18,7 +18,7 @@ from mlm_jax.training import objective
 PER_SOURCE = ('loss', 'mlm_accuracy', 'mask_accuracy', 'context_ratio')
 
 
-def evaluate(eval_step: Any, state: Any, data: prepare.PreparedData, masker: masking.Masker,
+def evaluate(eval_step: Any, state: Any, data: prepared.PreparedData, masker: masking.Masker,
              eval_config: ml_collections.ConfigDict, sentence_pair: str, mesh) -> dict[str, Any]:
   """Loss and accuracy on the validation split (config.eval: batch, masks, limit).
 
@@ -59,7 +59,7 @@ def _sums(eval_step: Any, state: Any, source: Any, masker: masking.Masker,
   return totals
 
 
-def _figures(totals: dict[str, float], data: prepare.PreparedData) -> dict[str, Any]:
+def _figures(totals: dict[str, float], data: prepared.PreparedData) -> dict[str, Any]:
   denom = max(totals['weight_sum'], 1.0)
   result: dict[str, Any] = {
       'loss': totals['loss_sum'] / denom, 'mlm_accuracy': totals['correct_sum'] / denom,

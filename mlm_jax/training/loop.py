@@ -23,6 +23,7 @@ from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.data import prepared
 from mlm_jax.runtime import host_malloc
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
@@ -138,7 +139,7 @@ def evaluate_start(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def _build(config: ml_collections.ConfigDict) -> tuple[
-    prepare.PreparedData, masking.Masker, Any, build_lib.Built]:
+    prepared.PreparedData, masking.Masker, Any, build_lib.Built]:
   """(data, masker, mesh, built step functions) of a run of the resolved `config`."""
   data = _prepared_data(config)
   vocab_size = tok_lib.model_vocab_size(config.model.vocab_size, data.tokenizer.vocab_size)
@@ -148,17 +149,18 @@ def _build(config: ml_collections.ConfigDict) -> tuple[
   return data, masker, mesh, built
 
 
-def _prepared_data(config: ml_collections.ConfigDict) -> prepare.PreparedData:
-  """Process 0 prepares (if needed); the others wait, then load the same files."""
-  if jax.process_count() > 1:
-    if jax.process_index() == 0:
-      prepare.prepare(config)
-    multihost_utils.sync_global_devices('mlm_jax:prepare')
-  return prepare.prepare(config)
+def _prepared_data(config: ml_collections.ConfigDict) -> prepared.PreparedData:
+  """The data, asked for once per process: process 0 prepares it (if needed); the others wait
+  at the barrier, then read the same data dir (a bucket's through their own local copy)."""
+  if jax.process_count() == 1:
+    return prepare.prepare(config)
+  data = prepare.prepare(config) if jax.process_index() == 0 else None
+  multihost_utils.sync_global_devices('mlm_jax:prepare')
+  return data if data is not None else prepared.load_prepared(config)
 
 
 def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
-            config: ml_collections.ConfigDict, data: prepare.PreparedData) -> tuple[Any, int]:
+            config: ml_collections.ConfigDict, data: prepared.PreparedData) -> tuple[Any, int]:
   """(state, step): this workdir's latest checkpoint, else config.init's weights, else fresh."""
   start = time.perf_counter()
   state = built.init_state()  # Initialised under jit straight into its sharding.
@@ -172,7 +174,7 @@ def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
   return state, start_step
 
 
-def _log_start(data: prepare.PreparedData, built: build_lib.Built, state: Any, mesh) -> None:
+def _log_start(data: prepared.PreparedData, built: build_lib.Built, state: Any, mesh) -> None:
   logging.info('Data: %s (%d train rows, %d validation rows)', data.data_dir,
                data.stats['train']['rows'], data.stats['validation']['rows'])
   size = sharding.state_bytes(state)

@@ -23,7 +23,7 @@ import numpy as np
 
 from mlm_jax.data import mixture
 from mlm_jax.data import pipeline
-from mlm_jax.data import prepare
+from mlm_jax.data import prepared
 
 # Positions counted per call when tokens are recounted from step 0.
 _CHUNK = 1 << 20
@@ -32,7 +32,7 @@ _CHUNK = 1 << 20
 class MixtureRun:
   """The mixture of a run: `order` for the input pipeline, `figures(step)` for its log."""
 
-  def __init__(self, config: ml_collections.ConfigDict, data: prepare.PreparedData,
+  def __init__(self, config: ml_collections.ConfigDict, data: prepared.PreparedData,
                start_step: int, series: dict[str, dict[int, float]]):
     members = mixture.members(config.data)
     self.names = [m.name for m in members]
@@ -83,7 +83,7 @@ class MixtureRun:
     return out
 
 
-def for_run(config: ml_collections.ConfigDict, data: prepare.PreparedData, start_step: int,
+def for_run(config: ml_collections.ConfigDict, data: prepared.PreparedData, start_step: int,
             series: dict[str, dict[int, float]]) -> MixtureRun | None:
   """The run's mixture, or None for one corpus."""
   return MixtureRun(config, data, start_step, series) if data.num_parts > 1 else None

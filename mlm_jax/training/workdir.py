@@ -23,7 +23,7 @@ import ml_collections
 
 from mlm_jax import model as model_lib
 from mlm_jax import saved_config
-from mlm_jax.data import prepare
+from mlm_jax.data import prepared
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.training import checkpoint as ckpt_lib
@@ -37,7 +37,7 @@ def checkpoint_dir(workdir: str) -> str:
 
 
 def resolved_config(config: ml_collections.ConfigDict,
-                    data: prepare.PreparedData) -> dict[str, Any]:
+                    data: prepared.PreparedData) -> dict[str, Any]:
   """The config as a dict, with what it resolved to on this machine under 'resolved'."""
   resolved = config.to_dict()
   # The model's rows: the tokenizer's ids, or a checkpoint's larger table (config.init).
