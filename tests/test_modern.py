@@ -193,7 +193,7 @@ def test_modern_trains_through_the_shared_step_on_an_fsdp_mesh():
 
 def test_model_flops_count_the_geglu_mlp_and_the_local_windows():
   from flax import traverse_util
-  from mlm_jax.perf import flops
+  from mlm_jax.model import flops
   cfg = _cfg()  # 3 blocks; block 1 attends locally to |i - j| <= 4: 9 keys of T.
   params = nn.unbox(model_lib.mlm_model(cfg).init(jax.random.key(0), _batch())['params'])
   block_weights = sum(x.size for path, x in traverse_util.flatten_dict(params['encoder']).items()
