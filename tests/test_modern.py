@@ -402,14 +402,14 @@ def test_export_loads_as_modernbert_with_our_logits_and_round_trips(attn_impleme
 @pytest.fixture(scope='module')
 def exported_run(prepared, corpus_glob, tmp_path_factory):
   """A micro run of variant 'modern' (a local layer with a window < T), trained and exported."""
-  from mlm_jax.interop import mlm_export as export_lib
+  from mlm_jax.training import workdir as workdir_lib
   _transformers()
   config = as_modern(micro_config(corpus_glob, prepared[0].data.data_dir))
   config.train.num_steps, config.train.eval_every, config.train.checkpoint_every = 4, 4, 4
   workdir = str(tmp_path_factory.mktemp('modern_run'))
   run_training(config, workdir)
   out = str(tmp_path_factory.mktemp('modern_export'))
-  return export_lib.export(workdir, out), out
+  return workdir_lib.export_hf(workdir, out), out
 
 
 @pytest.mark.slow
