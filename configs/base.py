@@ -299,6 +299,6 @@ def get_config() -> ml_collections.ConfigDict:
   # Also trace Python calls (shows host-side stalls; makes the trace far larger).
   config.profile.trace_python = False
   # Peak TFLOP/s of one device, for the MFU in WORKDIR/summary.json. 0: look
-  # the chip up in mlm_jax/perf/hardware.py (an unknown chip gets no MFU).
+  # the chip up in mlm_jax/runtime/hardware.py (an unknown chip gets no MFU).
   config.profile.peak_tflops = 0.0
   return config

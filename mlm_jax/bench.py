@@ -34,7 +34,7 @@ _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timing windows; the median window
 _NUM_BATCHES = flags.DEFINE_integer('num_batches', 4, 'Distinct synthetic batches, cycled.')
 _PEAK_TFLOPS = flags.DEFINE_float(
     'peak_tflops', 0.0, 'Peak TFLOP/s of one device for MFU (0: config.profile.peak_tflops, '
-    'else the chip table in mlm_jax/perf/hardware.py; an unknown chip, e.g. a CPU, gets no MFU).')
+    'else the chip table in mlm_jax/runtime/hardware.py; an unknown chip, e.g. a CPU, gets no MFU).')
 _COMPARE = flags.DEFINE_enum('compare', '', ['', 'hf'],
                              "'hf': also time Hugging Face's model of the same architecture "
                              '(BertForMaskedLM or ModernBertForMaskedLM, PyTorch).')

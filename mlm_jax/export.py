@@ -4,7 +4,8 @@
 Writes a Hugging Face model directory (safetensors, config and the run's
 tokenizer): from a training run's checkpoint, the masked LM of its
 config.model.variant (BertForMaskedLM, RobertaForMaskedLM or
-ModernBertForMaskedLM), see mlm_jax/interop/mlm_export.py;
+ModernBertForMaskedLM), see training/workdir.py's export_hf and
+mlm_jax/interop/mlm_export.py;
 --embedding_correction replaces each token embedding by its expectation
 under the run's masking. From a fine-tuning's output (finetune's --out), the
 variant's ForSequenceClassification (classify, pair, regress) or
@@ -21,7 +22,7 @@ from absl import flags
 from mlm_jax import cli
 from mlm_jax import configuration
 from mlm_jax.finetuning import classifier_export
-from mlm_jax.interop import mlm_export
+from mlm_jax.training import workdir as workdir_lib
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Workdir of a training run (a masked LM).')
 _MODEL = flags.DEFINE_string('model', None, 'Output directory of a fine-tuning (--out of '
@@ -48,7 +49,7 @@ def main() -> None:
     print(f'exported step {model.step} of {model.out_dir} ({model.task}, '
           f'{len(model.labels or [0])} outputs) as {architecture} to {os.path.abspath(_OUT.value)}')
     return
-  run = mlm_export.export(_WORKDIR.value, _OUT.value, _STEP.value, _CORRECTION.value)
+  run = workdir_lib.export_hf(_WORKDIR.value, _OUT.value, _STEP.value, _CORRECTION.value)
   note = ' with embedding correction' if _CORRECTION.value else ''
   print(f'exported step {run.step} of {run.workdir}{note} to {os.path.abspath(_OUT.value)}')
 

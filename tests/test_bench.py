@@ -19,8 +19,8 @@ from configs import bert_tiny
 from mlm_jax import configuration as config_lib
 from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.model import flops as flops_lib
 from mlm_jax.perf import bench
-from mlm_jax.perf import flops as flops_lib
 from mlm_jax.perf import hf_peer
 from mlm_jax.perf import host as host_lib
 from mlm_jax.perf import op_breakdown

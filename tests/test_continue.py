@@ -63,9 +63,9 @@ def continued(source, corpus_glob, tmp_path_factory):
   root = tmp_path_factory.mktemp(f'continued_{variant}')
   config = _config(corpus_glob, str(root / 'data'), hf_dir)
   summary = run_training(config, str(root / 'run'))
-  from mlm_jax.interop import mlm_export as export_lib
+  from mlm_jax.training import workdir as workdir_lib
   out = str(root / 'export')
-  export_lib.export(str(root / 'run'), out)
+  workdir_lib.export_hf(str(root / 'run'), out)
   return variant, hf_dir, str(root / 'run'), out, summary
 
 
@@ -192,8 +192,8 @@ def test_context_extension_of_a_published_modernbert(texts, corpus_glob, tmp_pat
   np.testing.assert_allclose(params['encoder']['embeddings']['token']['embedding'][:100],
                              model.model.embeddings.tok_embeddings.weight.detach().numpy()[:100],
                              atol=1e-6)
-  from mlm_jax.interop import mlm_export as export_lib
-  export_lib.export(str(tmp_path / 'run'), str(tmp_path / 'export'))
+  from mlm_jax.training import workdir as workdir_lib
+  workdir_lib.export_hf(str(tmp_path / 'run'), str(tmp_path / 'export'))
   exported = transformers.AutoConfig.from_pretrained(str(tmp_path / 'export'))
   assert exported.max_position_embeddings == 128
   thetas = json.dumps(exported.to_dict())
@@ -318,9 +318,9 @@ def test_added_words_are_whole_tokens_in_and_out(variant, texts, corpus_glob, tm
   config.train.num_steps = 1
   config.train.warmup_steps = 3  # Step 1 trains with learning rate 0: rows as initialised.
   run_training(config, str(tmp_path / 'run'))
-  from mlm_jax.interop import mlm_export as export_lib
+  from mlm_jax.training import workdir as workdir_lib
   out = str(tmp_path / 'export')
-  export_lib.export(str(tmp_path / 'run'), out)
+  workdir_lib.export_hf(str(tmp_path / 'run'), out)
   source = transformers.AutoTokenizer.from_pretrained(hf_dir)
   exported = transformers.AutoTokenizer.from_pretrained(out)
   model = transformers.AutoModelForMaskedLM.from_pretrained(out)

@@ -29,6 +29,7 @@ from mlm_jax.interop import hf  # noqa: E402
 from mlm_jax.training import checkpoint  # noqa: E402
 from mlm_jax.training import init_from  # noqa: E402
 from mlm_jax.training import state as state_lib  # noqa: E402
+from mlm_jax.training import workdir as workdir_lib  # noqa: E402
 from tests.conftest import micro_config  # noqa: E402
 from tests.conftest import model_config
 from tests.conftest import run_training
@@ -216,7 +217,7 @@ def exported(prepared, corpus_glob, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp('hf_run'))
   run_training(config, workdir)
   out = str(tmp_path_factory.mktemp('hf_export'))
-  return export_lib.export(workdir, out), out
+  return workdir_lib.export_hf(workdir, out), out
 
 
 @pytest.mark.slow
@@ -265,7 +266,7 @@ def test_fill_mask_pipeline_agrees_with_ours(exported):
 @pytest.mark.slow
 def test_corrected_export_loads(exported, tmp_path):
   run, _ = exported
-  export_lib.export(run.workdir, str(tmp_path), apply_embedding_correction=True)
+  workdir_lib.export_hf(run.workdir, str(tmp_path), apply_embedding_correction=True)
   model = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path))
   m, v = run.config['masking'], run.model_cfg.vocab_size
   counts = np.load(os.path.join(run.config['resolved']['data_dir'], 'unigram_counts.npy'))
@@ -288,7 +289,7 @@ def test_export_without_safetensors_names_the_extra(exported, tmp_path, monkeypa
   run, _ = exported
   monkeypatch.setitem(sys.modules, 'safetensors', None)  # As if not installed.
   with pytest.raises(ImportError, match=r"pip install -e '\.\[interop\]'"):
-    export_lib.export(run.workdir, str(tmp_path))
+    workdir_lib.export_hf(run.workdir, str(tmp_path))
   assert not os.listdir(tmp_path)
 
 

@@ -193,7 +193,7 @@ def test_modern_trains_through_the_shared_step_on_an_fsdp_mesh():
 
 def test_model_flops_count_the_geglu_mlp_and_the_local_windows():
   from flax import traverse_util
-  from mlm_jax.perf import flops
+  from mlm_jax.model import flops
   cfg = _cfg()  # 3 blocks; block 1 attends locally to |i - j| <= 4: 9 keys of T.
   params = nn.unbox(model_lib.mlm_model(cfg).init(jax.random.key(0), _batch())['params'])
   block_weights = sum(x.size for path, x in traverse_util.flatten_dict(params['encoder']).items()
@@ -402,14 +402,14 @@ def test_export_loads_as_modernbert_with_our_logits_and_round_trips(attn_impleme
 @pytest.fixture(scope='module')
 def exported_run(prepared, corpus_glob, tmp_path_factory):
   """A micro run of variant 'modern' (a local layer with a window < T), trained and exported."""
-  from mlm_jax.interop import mlm_export as export_lib
+  from mlm_jax.training import workdir as workdir_lib
   _transformers()
   config = as_modern(micro_config(corpus_glob, prepared[0].data.data_dir))
   config.train.num_steps, config.train.eval_every, config.train.checkpoint_every = 4, 4, 4
   workdir = str(tmp_path_factory.mktemp('modern_run'))
   run_training(config, workdir)
   out = str(tmp_path_factory.mktemp('modern_export'))
-  return export_lib.export(workdir, out), out
+  return workdir_lib.export_hf(workdir, out), out
 
 
 @pytest.mark.slow

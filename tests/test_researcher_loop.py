@@ -17,7 +17,7 @@ import pytest
 from mlm_jax import model as model_lib
 from mlm_jax.analysis import layer_report
 from mlm_jax.analysis import plot
-from mlm_jax.perf import flops
+from mlm_jax.model import flops
 from mlm_jax.training import metrics
 from mlm_jax.training import summary as run_summary
 from tests.conftest import model_config

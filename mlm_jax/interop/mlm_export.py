@@ -1,6 +1,6 @@
-"""Export of a training run to Hugging Face (python -m mlm_jax.export).
+"""A masked LM to a Hugging Face model directory (python -m mlm_jax.export --workdir).
 
-Writes a Hugging Face model directory from a checkpoint of a training run:
+Writes, from the parameters, ModelConfig and tokenizer of a masked LM:
 
   OUT/config.json             the config of config.model.variant's architecture:
                               BertForMaskedLM, RobertaForMaskedLM or
@@ -13,21 +13,30 @@ Writes a Hugging Face model directory from a checkpoint of a training run:
                               run started from) as its own files, with added words
 
 so that `AutoModelForMaskedLM`, `AutoTokenizer` and `pipeline('fill-mask')`
-load it offline. --step picks a checkpoint (default: the latest);
---embedding_correction applies `embedding_correction` to the token embedding.
-Needs the interop extra (safetensors, tokenizers), not torch.
+load it offline. `corrected_params` applies `embedding_correction` to the
+token embedding (export's --embedding_correction). Needs the interop extra
+(safetensors, tokenizers), not torch.
+
+A converter only: it takes arrays, configs and a tokenizer and reads no
+training run. training/workdir.py's `export_hf` loads a run's checkpoint
+and calls it, so that interop imports nothing from training.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 
+from mlm_jax import model as model_lib
 from mlm_jax.data import masking
+from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop import hf
-from mlm_jax.training import workdir as workdir_lib
+
+Params = dict[str, Any]
 
 
 def embedding_correction(embedding: np.ndarray, *, select_rate: float, mask_prob: float,
@@ -55,35 +64,43 @@ def embedding_correction(embedding: np.ndarray, *, select_rate: float, mask_prob
   return ((1.0 - select_rate) * e + select_rate * mixed).astype(embedding.dtype)
 
 
-def correct_run_embedding(run: workdir_lib.TrainedRun) -> dict:
-  """The run's params with `embedding_correction` applied as its config's masking did."""
-  m, vocab = run.config['masking'], run.model_cfg.vocab_size
+def require_extras() -> None:
+  """Fails before any work if the interop extra is missing, naming what to install."""
+  for module in ('safetensors', 'tokenizers'):
+    hf.require(module)
+
+
+def corrected_params(params: Params, model_cfg: model_lib.ModelConfig,
+                     tokenizer: tok_lib.Tokenizer, masking_config: ml_collections.ConfigDict,
+                     data_dir: str) -> Params:
+  """`params` with `embedding_correction` applied to the token embedding as `masking_config`
+  (a run's config.masking) masked; `params` itself is left unchanged.
+
+  data_dir: the prepared data the run trained on; its unigram counts are read
+  only when random replacements were drawn by frequency (random_source='unigram').
+  """
+  m, vocab = masking_config, model_cfg.vocab_size
   counts = None
   if m['random_source'] == 'unigram':
-    counts = np.load(os.path.join(run.config['resolved']['data_dir'], 'unigram_counts.npy'))
+    counts = np.load(os.path.join(data_dir, 'unigram_counts.npy'))
   # The distribution the masker drew random tokens from (the tokenizer's ids, specials
   # zeroed); rows of a larger model vocabulary (ModernBERT's) are never drawn.
   weights = np.zeros(vocab)
-  weights[:run.tokenizer.vocab_size] = masking.replacement_distribution(
-      m['random_source'], run.tokenizer.vocab_size, counts, run.tokenizer.special_ids())
-  table = run.params['encoder']['embeddings']['token']['embedding']
+  weights[:tokenizer.vocab_size] = masking.replacement_distribution(
+      m['random_source'], tokenizer.vocab_size, counts, tokenizer.special_ids())
+  table = params['encoder']['embeddings']['token']['embedding']
   corrected = table.copy()
   corrected[:vocab] = embedding_correction(
       table[:vocab], select_rate=m['select_rate'], mask_prob=m['mask_prob'],
-      random_prob=m['random_prob'], random_weights=weights, mask_id=run.tokenizer.specials.mask)
-  params = jax.tree_util.tree_map(lambda x: x, run.params)  # New dicts, same arrays.
-  params['encoder']['embeddings']['token']['embedding'] = corrected
-  return params
+      random_prob=m['random_prob'], random_weights=weights, mask_id=tokenizer.specials.mask)
+  out = jax.tree_util.tree_map(lambda x: x, params)  # New dicts, same arrays.
+  out['encoder']['embeddings']['token']['embedding'] = corrected
+  return out
 
 
-def export(workdir: str, out_dir: str, step: int | None = None,
-           apply_embedding_correction: bool = False) -> workdir_lib.TrainedRun:
-  """Writes the Hugging Face directory `out_dir`; returns the run it was made from."""
-  for module in ('safetensors', 'tokenizers'):
-    hf.require(module)  # Fail before any work, naming the extra to install.
-  run = workdir_lib.load(workdir, step)
-  params = correct_run_embedding(run) if apply_embedding_correction else run.params
-  hf.save_model(out_dir, params, run.model_cfg, run.tokenizer.specials)
-  hf.save_tokenizer(out_dir, run.tokenizer, run.model_cfg.max_position_embeddings,
-                    run.model_cfg.variant)
-  return run
+def write(out_dir: str, params: Params, model_cfg: model_lib.ModelConfig,
+          tokenizer: tok_lib.Tokenizer) -> None:
+  """Writes the Hugging Face directory `out_dir`: config, weights and tokenizer."""
+  require_extras()
+  hf.save_model(out_dir, params, model_cfg, tokenizer.specials)
+  hf.save_tokenizer(out_dir, tokenizer, model_cfg.max_position_embeddings, model_cfg.variant)

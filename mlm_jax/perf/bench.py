@@ -47,7 +47,7 @@ from mlm_jax.data import masking
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop import hf as hf_lib
-from mlm_jax.perf import flops as flops_lib
+from mlm_jax.model import flops as flops_lib
 from mlm_jax.perf import hf_peer
 from mlm_jax.perf import op_breakdown
 from mlm_jax.perf import host as host_lib

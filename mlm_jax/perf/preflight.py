@@ -274,7 +274,7 @@ class Preflight:
     A ring all-reduce sends and receives about twice its data, the other
     collectives about once; GPUs of several nodes are limited by the network.
     """
-    from mlm_jax.perf import hardware  # pylint: disable=import-outside-toplevel
+    from mlm_jax.runtime import hardware  # pylint: disable=import-outside-toplevel
     t = self.target
     bandwidth = (hardware.NODE_NETWORK_BANDWIDTH if t.platform == 'gpu' and t.num_hosts > 1
                  else t.chip.link_bandwidth)
@@ -356,7 +356,7 @@ class Preflight:
 
   def model_flops_per_device(self, figures: StepFigures) -> float:
     """flops.py's training FLOPs of one step, per device."""
-    from mlm_jax.perf import flops as flops_lib  # pylint: disable=import-outside-toplevel
+    from mlm_jax.model import flops as flops_lib  # pylint: disable=import-outside-toplevel
     per_token = flops_lib.model_flops_per_token(
         self.built.model_cfg, self.config.data.seq_len, self.config.masking.max_predictions)
     tokens = figures.global_batch * self.config.data.seq_len / self.target.num_devices

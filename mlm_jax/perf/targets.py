@@ -24,8 +24,8 @@ import math
 import os
 import re
 
-from mlm_jax.perf import hardware
 from mlm_jax.runtime import backend
+from mlm_jax.runtime import hardware
 
 INSTALL_HINT = "pip install -e '.[aot]'"
 # JAX's GPU client takes this fraction of device memory unless told otherwise.

@@ -1,1 +1,2 @@
-"""Where a run executes: the JAX backend, the device mesh and shardings, several processes, host memory settings."""
+"""Where a run executes: the JAX backend, the device mesh and shardings, several processes,
+host memory settings, and the chips (hardware.py: peak FLOP/s, memory, links)."""

@@ -27,8 +27,10 @@ from absl import logging
 from mlm_jax import model as model_lib
 from mlm_jax.config_check import ConfigError
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.interop import hf
 from mlm_jax.interop.layout import get_path
 from mlm_jax.interop.layout import set_path
+from mlm_jax.training import workdir as workdir_lib
 
 Params = dict[str, Any]
 # Our params with one row per vocabulary id: the token embedding and the MLM output bias.
@@ -66,7 +68,6 @@ def place(state: Any, params: Params) -> Any:
 
 
 def _from_hf(hf_dir: str, cfg: model_lib.ModelConfig, fallback: Params) -> Params:
-  from mlm_jax.interop import hf  # pylint: disable=import-outside-toplevel  # interop extra
   try:
     return hf.load_hf_params(os.path.expanduser(hf_dir), cfg,
                              fallback_params=_fit_vocab(fallback, cfg))
@@ -76,7 +77,6 @@ def _from_hf(hf_dir: str, cfg: model_lib.ModelConfig, fallback: Params) -> Param
 
 def _from_run(workdir: str, cfg: model_lib.ModelConfig, fallback: Params) -> Params:
   """The latest checkpoint's params of an mlm_jax run, laid out as `cfg` wants them."""
-  from mlm_jax.training import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   run = workdir_lib.load(os.path.expanduser(workdir))
   params = run.params
   if run.model_cfg.scan_layers:

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 
 from mlm_jax import model as model_lib
-from mlm_jax.perf import flops as flops_lib
+from mlm_jax.model import flops as flops_lib
 from mlm_jax.training import metrics as metrics_lib
 
 

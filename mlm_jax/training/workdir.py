@@ -1,5 +1,8 @@
 """A run's directory: what training writes there, and loading it back for inference and export.
 
+`export_hf` is the export of a run: it reads the checkpoint here and hands its
+arrays to the converter (interop/mlm_export.py), which reads no run itself.
+
   WORKDIR/config.json       the resolved config (model shape, masking, data dir, vocab)
   WORKDIR/tokenizer.model   the run's tokenizer: a sentencepiece model, or
   WORKDIR/tokenizer/        a Hugging Face tokenizer's files
@@ -26,6 +29,7 @@ from mlm_jax import saved_config
 from mlm_jax.data import prepared
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.interop import mlm_export
 from mlm_jax.training import checkpoint as ckpt_lib
 
 # Where a run keeps its tokenizer: a sentencepiece model, or a Hugging Face tokenizer's folder.
@@ -137,3 +141,23 @@ def load(workdir: str, step: int | None = None) -> TrainedRun:
     raise FileNotFoundError(f'{workdir} holds no tokenizer (tokenizer.model or tokenizer/).')
   tokenizer = tok_lib.load(recorded)
   return TrainedRun(workdir, step, config, model_cfg, params, tokenizer)
+
+
+def export_hf(workdir: str, out_dir: str, step: int | None = None,
+              apply_embedding_correction: bool = False) -> TrainedRun:
+  """Writes checkpoint `step` (None: the latest) of the run in `workdir` as a Hugging Face
+  masked LM in `out_dir` (interop/mlm_export.py); returns the run it was made from.
+
+  apply_embedding_correction: each token embedding replaced by its expectation
+  under the run's masking (mlm_export.embedding_correction), with the unigram
+  counts of the data dir the run trained on where its masking drew by them.
+  """
+  mlm_export.require_extras()  # Fail before any work, naming the extra to install.
+  run = load(workdir, step)
+  params = run.params
+  if apply_embedding_correction:
+    params = mlm_export.corrected_params(params, run.model_cfg, run.tokenizer,
+                                         run.config['masking'],
+                                         run.config['resolved']['data_dir'])
+  mlm_export.write(out_dir, params, run.model_cfg, run.tokenizer)
+  return run

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from mlm_jax import model as model_lib
 from mlm_jax.model import modern as modern_lib
-from mlm_jax.perf import hardware
+from mlm_jax.runtime import hardware
 
 
 def flops_per_token(*, num_layers: int, hidden_size: int, intermediate_size: int,

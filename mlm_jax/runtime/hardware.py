@@ -1,6 +1,6 @@
 """Accelerator chips: peak compute, memory and bandwidth, in one table.
 
-`flops.py` (MFU), the benchmark and the pre-flight all read their chip
+`model/flops.py` (MFU), the benchmark and the pre-flight all read their chip
 figures from here. Figures are per device as JAX sees it: one TPU chip (v4
 and v5p in megacore mode: both TensorCores of a chip are one device) or one
 GPU. Peaks are dense bf16 (no sparsity).
