@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,7 @@ from mlm_jax.config_check import require
 from mlm_jax.model.config import PLATFORM_ATTENTIONS
 from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
+from mlm_jax.runtime import sharding
 
 # Queries per chunk of the chunked kernel (a layer without a window, or
 # queries at chosen rows, under 'blocked').
@@ -338,15 +340,16 @@ def chunked_attention(q: Array, k: Array, v: Array, mask: Mask, rows: Array | No
   return jnp.moveaxis(out, 0, 1).reshape(b, nc * chunk, n, h)[:, :q_len]
 
 
-def splash_attention(q: Array, k: Array, v: Array, mask: Mask, batch_sharding=None,
+def splash_attention(q: Array, k: Array, v: Array, mask: Mask,
                      interpret: bool = False) -> Array:
   """Pallas splash attention (TPUs): q, k, v [B, T, N, H] -> [B, T, N, H].
 
   A static LocalMask of mask.window each side (or a full mask) and segment
-  ids (mask.segments(): documents, padding apart). Under jit on a mesh the
-  kernel runs per device under shard_map, on that device's rows
-  (`batch_sharding`, the trainer's; heads are not split). `interpret` runs
-  the kernel in Pallas's interpreter (any platform; for tests).
+  ids (mask.segments(): documents, padding apart). Traced on a mesh (the
+  step: sharding.traced_on) the kernel runs per device under shard_map, on
+  that device's rows (the mesh axes of the 'batch' rule; heads are not
+  split). `interpret` runs the kernel in Pallas's interpreter (any platform;
+  for tests).
   """
   from jax.experimental.pallas.ops.tpu import splash_attention as splash
   b, t, n, h = q.shape
@@ -368,12 +371,13 @@ def splash_attention(q: Array, k: Array, v: Array, mask: Mask, batch_sharding=No
     return jnp.swapaxes(out, 1, 2)
 
   segments = mask.segments()
+  mesh = jax.sharding.get_abstract_mesh()
+  spec = nn.logical_to_mesh_axes(('batch',), sharding.LOGICAL_RULES)  # The batch's mesh axes.
   # Unsplit where no sharding applies (one device, or the one-row batch that
   # only traces the parameters' shapes).
-  if batch_sharding is None or b % batch_sharding.mesh.size:
+  if mesh.empty or b % mesh.size:
     return run(q, k, v, segments)
-  spec = jax.sharding.PartitionSpec(batch_sharding.spec[0])
-  return jax.shard_map(run, mesh=batch_sharding.mesh, in_specs=(spec,) * 4, out_specs=spec,
+  return jax.shard_map(run, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec,
                        check_vma=False)(q, k, v, segments)
 
 
@@ -387,8 +391,9 @@ def attend(cfg: ModelConfig, q: Array, k: Array, v: Array, mask: Mask, determini
 
   rows [B, Q]: the queries are those rows' (the last block at the masked
   slots); None: Q = T. Called inside a module's compact method (its dropout
-  is one). Only 'xla' and the banded 'blocked' apply attention dropout;
-  `choose` sends a call with dropout to one of them.
+  is one): `dropout_module` is the module's dropout class (its ops.dropout;
+  None: nn.Dropout). Only 'xla' and the banded 'blocked' apply attention
+  dropout; `choose` sends a call with dropout to one of them.
   """
   rate = 0.0 if deterministic else cfg.attention_dropout_rate
   kernel, _ = choose(cfg, local=mask.window is not None, q_len=q.shape[1], kv_len=k.shape[1],
@@ -398,9 +403,9 @@ def attend(cfg: ModelConfig, q: Array, k: Array, v: Array, mask: Mask, determini
     return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=mask.lengths(),
                                         implementation='cudnn')
   if kernel == 'splash':
-    return splash_attention(q, k, v, mask, cfg.batch_sharding)
+    return splash_attention(q, k, v, mask)
   drop = (lambda w: w) if rate == 0.0 else (
-      lambda w: cfg.ops.dropout(rate)(w, deterministic=False))
+      lambda w: (dropout_module or nn.Dropout)(rate)(w, deterministic=False))
   if kernel == 'blocked':
     if mask.window is not None and rows is None:
       return banded_attention(q, k, v, mask, drop)
