@@ -114,7 +114,8 @@ def build(model_cfg: model_lib.ModelConfig, task: str, num_outputs: int,
   """The model, optimizer, state shardings and jitted steps on `mesh` (`train` resolved).
 
   The model gets the operations of its platform (model_cfg.platform, the
-  mesh's); the steps are traced on the mesh with the logical axis rules.
+  mesh's); the steps are traced on the mesh (sharding.traced_on), where the
+  activations keep the batch's split.
   """
   model = fine_tuned_model(model_cfg, task, num_outputs, classifier_dropout,
                            platform_ops.for_platform(model_cfg.platform))
@@ -123,11 +124,11 @@ def build(model_cfg: model_lib.ModelConfig, task: str, num_outputs: int,
   example = {k: jnp.ones(x.shape, x.dtype) for k, x in batch_spec(task, 1, seq_len).items()}
   abstract, state_sh, init = state_lib.sharded_state_init(model, tx, init_rng, example, mesh)
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-  train_step = jax.jit(sharding.traced_on(
-      make_train_step(task, optimizer.learning_rate_schedule(train)), mesh),
-                       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
-                       donate_argnums=0)
-  eval_step = jax.jit(sharding.traced_on(make_eval_step(), mesh), in_shardings=(state_sh, batch_sh), out_shardings=repl)
+  train_step = jax.jit(
+      sharding.traced_on(make_train_step(task, optimizer.learning_rate_schedule(train)), mesh),
+      in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0)
+  eval_step = jax.jit(sharding.traced_on(make_eval_step(), mesh),
+                      in_shardings=(state_sh, batch_sh), out_shardings=repl)
   return Built(model_cfg, abstract, train_step, eval_step, dropout_rng, init)
 
 

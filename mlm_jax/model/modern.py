@@ -125,8 +125,8 @@ class ModernAttention(nn.Module):
     n, h = cfg.num_heads, cfg.hidden_size // cfg.num_heads
     # One projection to (q, k, v) as Hugging Face's Wqkv: [d, 3, N, H].
     qkv = ops.dense_general((3, n, h), use_bias=False, dtype=cfg.dtype,
-                                kernel_init=dense_init(cfg, (EMBED, None, HEADS, KV)),
-                                name='qkv')(x)
+                            kernel_init=dense_init(cfg, (EMBED, None, HEADS, KV)),
+                            name='qkv')(x)
     # Split (not indexed): the gradient is one concatenation of dq, dk and dv,
     # not three padded copies added together.
     q, k, v = (batch_split(y[:, :, 0]) for y in jnp.split(qkv, 3, axis=2))  # [B, T, N, H]
@@ -160,7 +160,10 @@ class GeGLU(nn.Module):
 
 @flax.struct.dataclass
 class BlockInputs:
-  """What a ModernBERT block reads besides x: its kind's (global or local) mask and rotary tables."""
+  """What a ModernBERT block reads besides x: its layer kind's mask and rotary tables.
+
+  Global and local layers each have one (whole row or window; their rotary base).
+  """
 
   mask: attention.Mask
   rotary: Rotary

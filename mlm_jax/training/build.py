@@ -56,8 +56,8 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
   platform of the mesh's devices, not for the host's, and so are the forms
   of the operations that differ between platforms (platform_ops, given to
   the model as its `ops`): the pre-flight compiles on a CPU host what a TPU
-  or GPU will run. The steps are traced on the mesh with the logical axis
-  rules (sharding.traced_on), which place the activations' batch axis.
+  or GPU will run. The steps are traced on the mesh (sharding.traced_on),
+  where the logical rule for 'batch' keeps the activations split like the batch.
   `baseline_token`: the training data's most frequent token
   (PreparedData.most_frequent_token()), whose hit rate the steps report;
   objective.NO_BASELINE where there is none (a benchmark's synthetic
