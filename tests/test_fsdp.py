@@ -1,5 +1,6 @@
 """Sharded train state: fsdp splits parameters and Adam moments, changes no loss,
-and a checkpoint resumes on a mesh of another shape (and another device count)."""
+and a checkpoint resumes on a mesh of another shape (and another device count);
+activations keep the batch's split by the logical 'batch' rule, on the mesh only."""
 
 import json
 import os
@@ -117,6 +118,25 @@ def test_a_model_outside_any_mesh_runs_unconstrained_with_the_same_outputs():
   assert 'sharding_constraint' in on_mesh.lower(params, sharding.to_global(batch, mesh)).as_text()
   np.testing.assert_allclose(np.asarray(on_mesh(params, sharding.to_global(batch, mesh))),
                              np.asarray(alone), rtol=1e-5, atol=1e-5)
+
+
+def test_splash_attention_on_the_mesh_runs_per_device_on_its_rows():
+  # The TPU kernel takes its mesh from the context the step is traced in: on
+  # the mesh it runs under shard_map over the batch's axes (each device its
+  # rows), alone on one device; the same function either way (Pallas's
+  # interpreter runs it here).
+  from mlm_jax.model import attention
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(8, 128, 2, 16)), jnp.float32) for _ in range(3))
+  mask = attention.Mask(jnp.asarray(np.arange(128)[None] < rng.integers(60, 129, (8, 1))))
+  splash = lambda q, k, v: attention.splash_attention(q, k, v, mask, interpret=True)
+  alone = jax.jit(splash)
+  assert 'manual_computation' not in alone.lower(q, k, v).as_text()
+  mesh = sharding.make_mesh(fsdp=4)
+  on_mesh = jax.jit(sharding.traced_on(splash, mesh))
+  q, k, v = (jax.device_put(x, sharding.batch_sharding(mesh)) for x in (q, k, v))
+  assert 'manual_axes={"data", "fsdp"}' in on_mesh.lower(q, k, v).as_text()
+  np.testing.assert_array_equal(np.asarray(on_mesh(q, k, v)), np.asarray(alone(q, k, v)))
 
 
 @pytest.mark.slow
