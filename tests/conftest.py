@@ -90,19 +90,21 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 def model_config(vocab_size: int = 300, padded_vocab_size: int = 384, **fields):
   """A ModelConfig: configs/base.py's model section with `fields` changed.
 
-  `dtype`, `sentence_pair_head`, `batch_sharding` and `platform` (set by the
-  trainer, not config.model) may be given too.
+  `dtype`, `sentence_pair_head` and `platform` (set by the trainer, not
+  config.model; the platform is 'cpu', where the tests run, unless given) may
+  be given too.
   """
   import jax.numpy as jnp
 
   from configs import base
   from mlm_jax import model as model_lib
-  extra = {k: fields.pop(k) for k in ('sentence_pair_head', 'batch_sharding', 'platform')
-           if k in fields}
+  extra = {k: fields.pop(k) for k in ('sentence_pair_head',) if k in fields}
   dtype = fields.pop('dtype', jnp.float32)
+  platform = fields.pop('platform', 'cpu')
   section = base.get_config().model
   section.update(fields)
-  return model_lib.ModelConfig.from_config(section, vocab_size, padded_vocab_size, dtype, **extra)
+  return model_lib.ModelConfig.from_config(section, vocab_size, padded_vocab_size, dtype,
+                                           platform=platform, **extra)
 
 
 def write_config_file(path, corpus_glob: str, data_dir: str, other: dict | None = None,

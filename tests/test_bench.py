@@ -52,7 +52,7 @@ def _flops_from_param_shapes(config) -> float:
   """
   vocab = config.tokenizer.vocab_size
   cfg = model_lib.ModelConfig.from_config(config.model, vocab, tok_lib.padded_vocab_size(vocab),
-                                          jnp.float32)
+                                          jnp.float32, platform='cpu')
   t, p = config.data.seq_len, config.masking.max_predictions
   ids, slots = np.zeros((1, t), np.int32), np.zeros((1, p), np.int32)
   batch = {'input_ids': ids, 'segment_ids': ids, 'attention_mask': ids + 1,
@@ -231,7 +231,7 @@ def test_a_modernbert_config_is_timed_against_modernbert():
   # Its head, like ours, runs on the masked tokens only; its last block on every row.
   vocab = config.tokenizer.vocab_size
   cfg = model_lib.ModelConfig.from_config(config.model, vocab, tok_lib.padded_vocab_size(vocab),
-                                          jnp.float32)
+                                          jnp.float32, platform='cpu')
   t, p = config.data.seq_len, config.masking.max_predictions
   assert result['flops_per_token'] == flops_lib.model_flops_per_token(cfg, t, p)
   assert hf['flops_per_token_as_computed'] == flops_lib.model_flops_per_token(
@@ -363,7 +363,7 @@ def test_thread_pools_are_sized_by_the_cpus_this_process_may_use(monkeypatch):
   assert platform_ops.concurrent_chains(config.train, 1, 'cpu') == 1
   vocab = config.tokenizer.vocab_size
   cfg = model_lib.ModelConfig.from_config(config.model, vocab, tok_lib.padded_vocab_size(vocab),
-                                          jnp.float32)
+                                          jnp.float32, platform='cpu')
   before = torch.get_num_threads()
   try:
     torch_mlm.TorchMLM(config, cfg)

@@ -1,8 +1,10 @@
 """Sharded train state: fsdp splits parameters and Adam moments, changes no loss,
-and a checkpoint resumes on a mesh of another shape (and another device count)."""
+and a checkpoint resumes on a mesh of another shape (and another device count);
+activations keep the batch's split by the logical 'batch' rule, on the mesh only."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -14,6 +16,7 @@ import pytest
 
 from mlm_jax import model as model_lib
 from mlm_jax.runtime import sharding
+from mlm_jax.training import build as build_lib
 from mlm_jax.training import optimizer
 from mlm_jax.training import state as state_lib
 from tests.conftest import REPO
@@ -58,6 +61,82 @@ def test_fsdp_splits_every_matrix_and_both_adam_moments():
   per_device = sum(x.addressable_shards[0].data.nbytes for x in leaves)
   total = sum(x.nbytes for x in leaves)
   assert per_device < 0.3 * total
+
+
+def _micro_model_config():
+  """configs/bert_tiny.py at a size that lowers in a second: 2 layers, d=32, T=16, B=16, fsdp=4."""
+  from configs import bert_tiny
+  config = bert_tiny.get_config()
+  m = config.model
+  m.num_layers, m.hidden_size, m.num_heads, m.intermediate_size = 2, 32, 2, 64
+  m.max_position_embeddings = config.data.seq_len = 16
+  config.masking.max_predictions, config.train.batch_size, config.mesh.fsdp = 3, 16, 4
+  return config
+
+
+def test_train_step_keeps_every_activation_split_over_the_batch_axes_with_fsdp():
+  # The model names its activations' batch axis ('batch'); LOGICAL_RULES puts
+  # it on (data, fsdp). Without the constraint XLA may gather the activations
+  # rather than the weights split on fsdp; it only holds when the step is
+  # traced on the mesh, which the builder does.
+  config = _micro_model_config()
+  mesh = sharding.make_mesh(fsdp=4)
+  built = build_lib.build(config, 100, mesh)
+  batch_sh = sharding.batch_sharding(mesh)
+  batch = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sh)
+           for k, x in state_lib.batch_spec(16, 16, 3).items()}
+  rng = jax.ShapeDtypeStruct(built.dropout_rng.shape, built.dropout_rng.dtype,
+                             sharding=sharding.replicated(mesh))
+  lowered = built.train_step.lower(built.abstract_state, batch, rng)
+  constraints = re.findall(r'sharding_constraint %\S+ <@mesh, \[([^\]]*)\]> : tensor<(\d+)x',
+                           lowered.as_text())
+  # Every block's input, q/k/v, MLP and output, and the head's input, forward
+  # and in the gradient: all on the batch axis (B = 16), split over both mesh axes.
+  assert len(constraints) >= 10 * config.model.num_layers
+  assert {spec.split('}')[0] + '}' for spec, _ in constraints} == {'{"data", "fsdp"}'}
+  assert {rows for _, rows in constraints} == {'16'}
+
+
+def test_a_model_outside_any_mesh_runs_unconstrained_with_the_same_outputs():
+  # Tests, interop and analysis apply the model on one device, with no mesh:
+  # the constraints are then nothing, and on the mesh they change where the
+  # rows live, not the values.
+  cfg = model_config(vocab_size=100, padded_vocab_size=128, num_layers=2, hidden_size=32,
+                     num_heads=2, intermediate_size=64, max_position_embeddings=16)
+  model = model_lib.mlm_model(cfg)
+  rng = np.random.default_rng(0)
+  batch = {'input_ids': rng.integers(5, 100, (16, 16)).astype(np.int32),
+           'segment_ids': np.zeros((16, 16), np.int32),
+           'attention_mask': np.ones((16, 16), np.int32),
+           'masked_positions': np.tile(np.arange(1, 4, dtype=np.int32), (16, 1))}
+  params = jax.jit(model.init)(jax.random.key(0), batch)
+  apply = jax.jit(model.apply)
+  assert 'sharding_constraint' not in apply.lower(params, batch).as_text()
+  alone = apply(params, batch)                                       # [B, P, V], one device
+  mesh = sharding.make_mesh(fsdp=4)
+  on_mesh = jax.jit(sharding.traced_on(model.apply, mesh))
+  assert 'sharding_constraint' in on_mesh.lower(params, sharding.to_global(batch, mesh)).as_text()
+  np.testing.assert_allclose(np.asarray(on_mesh(params, sharding.to_global(batch, mesh))),
+                             np.asarray(alone), rtol=1e-5, atol=1e-5)
+
+
+def test_splash_attention_on_the_mesh_runs_per_device_on_its_rows():
+  # The TPU kernel takes its mesh from the context the step is traced in: on
+  # the mesh it runs under shard_map over the batch's axes (each device its
+  # rows), alone on one device; the same function either way (Pallas's
+  # interpreter runs it here).
+  from mlm_jax.model import attention
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(8, 128, 2, 16)), jnp.float32) for _ in range(3))
+  mask = attention.Mask(jnp.asarray(np.arange(128)[None] < rng.integers(60, 129, (8, 1))))
+  splash = lambda q, k, v: attention.splash_attention(q, k, v, mask, interpret=True)
+  alone = jax.jit(splash)
+  assert 'manual_computation' not in alone.lower(q, k, v).as_text()
+  mesh = sharding.make_mesh(fsdp=4)
+  on_mesh = jax.jit(sharding.traced_on(splash, mesh))
+  q, k, v = (jax.device_put(x, sharding.batch_sharding(mesh)) for x in (q, k, v))
+  assert 'manual_axes={"data", "fsdp"}' in on_mesh.lower(q, k, v).as_text()
+  np.testing.assert_array_equal(np.asarray(on_mesh(q, k, v)), np.asarray(alone(q, k, v)))
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import pytest
 from ml_collections import ConfigDict
 
 from mlm_jax import model as model_lib
+from mlm_jax.runtime import platform_ops
 from mlm_jax.runtime import sharding
 from mlm_jax.training import objective
 from mlm_jax.training import optimizer
@@ -53,7 +54,8 @@ def _train_config(**overrides):
 
 
 def _state(cfg, batch):
-  model = model_lib.BertForMLM(cfg)
+  # The platform's forms of dense, dropout and GELU, as the builder gives them.
+  model = model_lib.BertForMLM(cfg, platform_ops.for_platform(cfg.platform))
   tx = optimizer.make_optimizer(_train_config())
   return state_lib.create_state(model, tx, jax.random.key(0), batch)
 
@@ -339,8 +341,9 @@ def _full_then_gathered(module, batch, deterministic=True):
     inputs = model_lib.drop_tokens(batch, module.cfg.drop_token_rate,
                                         module.make_rng('dropout'))
     positions = inputs['positions']
-  sequence = module.encoder(inputs['input_ids'], inputs['segment_ids'], inputs['attention_mask'],
-                            deterministic, positions=positions, row_positions=positions)
+  sequence = module.encoder(
+      model_lib.EncoderInputs.of(inputs, positions=positions, row_positions=positions),
+      deterministic)
   out = {'mlm_logits': module.mlm_logits(sequence, inputs['masked_positions'])}
   if module.cfg.sentence_pair_head:
     out['sentence_pair_logits'] = module.sentence_pair(sequence, True)

@@ -13,6 +13,7 @@ import optax
 import pytest
 
 from mlm_jax import model as model_lib
+from mlm_jax.config_check import ConfigError
 from mlm_jax.runtime import platform_ops
 from mlm_jax.runtime import sharding
 from tests.conftest import model_config
@@ -29,9 +30,27 @@ def test_cpu_forms_are_chosen_for_cpu_only():
   assert platform_ops.for_platform('gpu') is DEFAULT
   assert platform_ops.for_platform('tpu') is DEFAULT
   assert platform_ops.for_platform('') is CPU   # JAX's backend here (the tests run on a CPU).
-  assert model_config(platform='tpu').ops is DEFAULT and model_config().ops is CPU
   # The platform is not part of what a checkpoint must agree with.
   assert model_config(platform='tpu').shape_record() == model_config(platform='cpu').shape_record()
+
+
+def test_model_config_takes_its_platform_from_the_caller_never_from_the_host():
+  for platform in ('', 'cuda', None):
+    with pytest.raises(ConfigError, match=r'ModelConfig.platform=.*one of .cpu., .gpu., .tpu.'):
+      model_config(platform=platform)
+  # A model made without a builder uses the library's forms, whatever the platform.
+  assert model_lib.mlm_model(model_config(platform='cpu')).ops is DEFAULT
+
+
+def test_the_builder_gives_the_model_the_forms_of_its_meshs_platform():
+  from configs import bert_tiny
+  from mlm_jax.training import build as build_lib
+  config = bert_tiny.get_config()
+  config.model.num_layers, config.data.seq_len = 1, 16
+  built = build_lib.build(config, 100, sharding.make_mesh(devices=jax.devices()[:1]))
+  assert built.model_cfg.platform == 'cpu'
+  # The state's apply_fn is the model's: its ops are the CPU forms, its config holds no sharding.
+  assert built.abstract_state.apply_fn.__self__.ops is CPU
 
 
 @pytest.mark.parametrize('lhs_shape, rhs_shape, dims', [
@@ -200,7 +219,9 @@ def test_model_on_tpu_ops_equals_the_model_on_cpu_ops(variant):
   fields = dict(vocab_size=100, padded_vocab_size=128, num_layers=3, hidden_size=32, num_heads=4,
                 intermediate_size=64, max_position_embeddings=t, variant=variant,
                 local_attention=4, sentence_pair_head=True)
-  cpu, tpu = (model_lib.mlm_model(model_config(platform=name, **fields)) for name in ('cpu', 'tpu'))
+  cpu, tpu = (model_lib.mlm_model(model_config(platform=name, **fields),
+                                  platform_ops.for_platform(name)) for name in ('cpu', 'tpu'))
+  assert (cpu.ops, tpu.ops) == (CPU, DEFAULT)
   params = tpu.init(jax.random.key(0), batch, method='pretrain')
   cpu_params = cpu.init(jax.random.key(0), batch, method='pretrain')
   assert jax.tree_util.tree_structure(cpu_params) == jax.tree_util.tree_structure(params)

@@ -31,6 +31,7 @@ from mlm_jax.model.layers import MLP
 from mlm_jax.model.layers import dense_init
 from mlm_jax.model.layers import layer_norm
 from mlm_jax.model.layers import zeros
+from mlm_jax.runtime import platform_ops
 
 
 class ClassifierHead(nn.Module):
@@ -40,27 +41,28 @@ class ClassifierHead(nn.Module):
   num_outputs: int
   per_token: bool
   dropout_rate: float
+  ops: platform_ops.Ops = platform_ops.DEFAULT
 
   @nn.compact
   def __call__(self, sequence: Array, deterministic: bool) -> Array:
     """sequence [B, T, d] -> logits [B, K] or [B, T, K] (float32)."""
-    cfg = self.cfg
+    cfg, ops = self.cfg, self.ops
     x = sequence if self.per_token else sequence[:, 0]
     if cfg.variant == 'modern':
-      x = cfg.ops.dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
-                        kernel_init=dense_init(cfg, (EMBED, MLP), modern.out_std(cfg)),
-                        name='transform')(x)
-      x = layer_norm(cfg, 'layer_norm', use_bias=False)(cfg.ops.gelu(x))
+      x = ops.dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
+                    kernel_init=dense_init(cfg, (EMBED, MLP), modern.out_std(cfg)),
+                    name='transform')(x)
+      x = layer_norm(cfg, 'layer_norm', use_bias=False)(ops.gelu(x))
     elif not self.per_token:
       if cfg.variant == 'roberta':
-        x = cfg.ops.dropout(self.dropout_rate)(x, deterministic=deterministic)
-      x = jnp.tanh(cfg.ops.dense(cfg.hidden_size, dtype=cfg.dtype,
-                                 kernel_init=dense_init(cfg, (EMBED, MLP)),
-                                 bias_init=zeros((MLP,)), name='pooler')(x))
-    x = cfg.ops.dropout(self.dropout_rate)(x, deterministic=deterministic)
-    return cfg.ops.dense(self.num_outputs, dtype=cfg.dtype,
-                         kernel_init=dense_init(cfg, (MLP, None)), bias_init=zeros((None,)),
-                         name='classifier')(x).astype(jnp.float32)
+        x = ops.dropout(self.dropout_rate)(x, deterministic=deterministic)
+      x = jnp.tanh(ops.dense(cfg.hidden_size, dtype=cfg.dtype,
+                             kernel_init=dense_init(cfg, (EMBED, MLP)),
+                             bias_init=zeros((MLP,)), name='pooler')(x))
+    x = ops.dropout(self.dropout_rate)(x, deterministic=deterministic)
+    return ops.dense(self.num_outputs, dtype=cfg.dtype,
+                     kernel_init=dense_init(cfg, (MLP, None)), bias_init=zeros((None,)),
+                     name='classifier')(x).astype(jnp.float32)
 
 
 class FineTuned(nn.Module):
@@ -70,15 +72,16 @@ class FineTuned(nn.Module):
   num_outputs: int
   per_token: bool
   classifier_dropout: float
+  # The platform's dense, dropout and GELU (the builder's); the library's by default.
+  ops: platform_ops.Ops = platform_ops.DEFAULT
 
   def setup(self):
     encoder = modern.ModernEncoder if self.cfg.variant == 'modern' else bert.Encoder
-    self.encoder = encoder(self.cfg)
+    self.encoder = encoder(self.cfg, self.ops)
     self.head = ClassifierHead(self.cfg, self.num_outputs, self.per_token,
-                               self.classifier_dropout)
+                               self.classifier_dropout, self.ops)
 
   def __call__(self, batch: dict[str, Array], deterministic: bool = True) -> Array:
     """batch: input_ids, segment_ids, attention_mask [B, T] -> logits."""
-    sequence = self.encoder(batch['input_ids'], batch['segment_ids'], batch['attention_mask'],
-                            deterministic)
+    sequence = self.encoder(model_lib.EncoderInputs.of(batch), deterministic)
     return self.head(sequence, deterministic)

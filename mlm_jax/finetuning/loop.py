@@ -86,7 +86,6 @@ def _finetune(workdir: str | None, out_dir: str, task: str, train_path: str, eva
   train = plan.train_section(config.train)
   # ----------------------------------------------------------------- build
   mesh = sharding.make_mesh(config.mesh.fsdp)
-  model_cfg = dataclasses.replace(model_cfg, batch_sharding=sharding.batch_sharding(mesh))
   built = step_lib.build(model_cfg, task, record['num_outputs'], classifier_dropout, train,
                          data.seq_len, config.seed, mesh)
   # ---------------------------------------------------------------- resume

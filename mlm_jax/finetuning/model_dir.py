@@ -118,7 +118,8 @@ def write(out_dir: str, record: dict[str, Any], config: dict[str, Any],
 
 def model_config(record: dict[str, Any], dtype: Any = jnp.float32,
                  **overrides) -> model_lib.ModelConfig:
-  """The encoder's ModelConfig of a model.json record."""
+  """The encoder's ModelConfig of a model.json record (platform: `overrides`', else here)."""
+  overrides.setdefault('platform', model_lib.local_platform())
   return model_lib.ModelConfig.from_config(
       ml_collections.ConfigDict(record['model']), record['vocab_size'],
       record['padded_vocab_size'], dtype, **overrides)

@@ -85,7 +85,8 @@ def from_hf_dir(hf_dir: str) -> Pretrained:
                       f'model\'s embedding table only {vocab_size:,} rows: they do not belong '
                       'together. Use the tokenizer files the checkpoint was published with.')
   model_cfg = model_lib.ModelConfig.from_config(
-      section, vocab_size, tok_lib.padded_vocab_size(vocab_size), jnp.float32)
+      section, vocab_size, tok_lib.padded_vocab_size(vocab_size), jnp.float32,
+      platform=model_lib.local_platform())
   try:
     params = _hf_params(hf, hf_dir, model_cfg)
   except (ValueError, FileNotFoundError) as e:

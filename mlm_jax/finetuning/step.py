@@ -23,6 +23,7 @@ import optax
 
 from mlm_jax import model as model_lib
 from mlm_jax.finetuning import heads
+from mlm_jax.runtime import platform_ops
 from mlm_jax.runtime import sharding
 from mlm_jax.training import checkpoint
 from mlm_jax.training import optimizer
@@ -88,9 +89,11 @@ def make_eval_step() -> Callable:
 
 
 def fine_tuned_model(cfg: model_lib.ModelConfig, task: str, num_outputs: int,
-                     classifier_dropout: float) -> heads.FineTuned:
+                     classifier_dropout: float,
+                     ops: platform_ops.Ops = platform_ops.DEFAULT) -> heads.FineTuned:
+  """`ops`: the platform's dense, dropout and GELU (the builder's); the library's by default."""
   return heads.FineTuned(cfg, num_outputs, per_token=task == 'tag',
-                         classifier_dropout=classifier_dropout)
+                         classifier_dropout=classifier_dropout, ops=ops)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,17 +111,24 @@ class Built:
 def build(model_cfg: model_lib.ModelConfig, task: str, num_outputs: int,
           classifier_dropout: float, train: ml_collections.ConfigDict, seq_len: int,
           seed: int, mesh) -> Built:
-  """The model, optimizer, state shardings and jitted steps on `mesh` (`train` resolved)."""
-  model = fine_tuned_model(model_cfg, task, num_outputs, classifier_dropout)
+  """The model, optimizer, state shardings and jitted steps on `mesh` (`train` resolved).
+
+  The model gets the operations of its platform (model_cfg.platform, the
+  mesh's); the steps are traced on the mesh (sharding.traced_on), where the
+  activations keep the batch's split.
+  """
+  model = fine_tuned_model(model_cfg, task, num_outputs, classifier_dropout,
+                           platform_ops.for_platform(model_cfg.platform))
   tx = optimizer.make_optimizer(train)   # For the platform of JAX's backend, where it runs.
   init_rng, dropout_rng = jax.random.split(jax.random.key(seed))
   example = {k: jnp.ones(x.shape, x.dtype) for k, x in batch_spec(task, 1, seq_len).items()}
   abstract, state_sh, init = state_lib.sharded_state_init(model, tx, init_rng, example, mesh)
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-  train_step = jax.jit(make_train_step(task, optimizer.learning_rate_schedule(train)),
-                       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
-                       donate_argnums=0)
-  eval_step = jax.jit(make_eval_step(), in_shardings=(state_sh, batch_sh), out_shardings=repl)
+  train_step = jax.jit(
+      sharding.traced_on(make_train_step(task, optimizer.learning_rate_schedule(train)), mesh),
+      in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0)
+  eval_step = jax.jit(sharding.traced_on(make_eval_step(), mesh),
+                      in_shardings=(state_sh, batch_sh), out_shardings=repl)
   return Built(model_cfg, abstract, train_step, eval_step, dropout_rng, init)
 
 

@@ -125,7 +125,7 @@ def from_hf_config(hf: dict[str, Any], model: ml_collections.ConfigDict,
   if fields['variant'] == 'modern':
     fields['scan_layers'] = False  # Its layers differ; never scanned (model/config.py).
   return model_lib.ModelConfig.from_config(model, vocab_size, tok_lib.padded_vocab_size(vocab_size),
-                                           dtype, **fields)
+                                           dtype, platform=model_lib.local_platform(), **fields)
 
 
 def checkpoint_fields(hf: dict[str, Any]) -> dict[str, Any]:

@@ -9,12 +9,14 @@ positions. Shapes: see mlm_jax/model/config.py.
 from __future__ import annotations
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
 from mlm_jax.model import attention
 from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
+from mlm_jax.model.encoder import EncoderInputs
 from mlm_jax.model.encoder import run_blocks
 from mlm_jax.model.heads import MLMHead
 from mlm_jax.model.heads import SentencePairHead
@@ -23,14 +25,17 @@ from mlm_jax.model.layers import MLP
 from mlm_jax.model.layers import TABLE
 from mlm_jax.model.layers import VOCAB
 from mlm_jax.model.layers import SelfAttention
+from mlm_jax.model.layers import batch_split
 from mlm_jax.model.layers import dense_init
 from mlm_jax.model.layers import layer_norm
 from mlm_jax.model.layers import take_rows
 from mlm_jax.model.layers import zeros
+from mlm_jax.runtime import platform_ops
 
 
 class Embeddings(nn.Module):
   cfg: ModelConfig
+  ops: platform_ops.Ops = platform_ops.DEFAULT
 
   @nn.compact
   def __call__(self, input_ids: Array, segment_ids: Array, positions: Array | None,
@@ -53,17 +58,25 @@ class Embeddings(nn.Module):
       x += position_table(positions)
     x += nn.Embed(cfg.type_vocab_size, cfg.hidden_size,
                   embedding_init=dense_init(cfg, (TABLE, EMBED)), name='segment')(segment_ids)
-    x = layer_norm(cfg, 'layer_norm')(cfg.batch_split(x))
-    return cfg.ops.dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    x = layer_norm(cfg, 'layer_norm')(batch_split(x))
+    return self.ops.dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+@flax.struct.dataclass
+class BlockInputs:
+  """What a BERT block reads besides x: what each token may see."""
+
+  mask: attention.Mask
 
 
 class TransformerBlock(nn.Module):
   """Post-LN block: x = LN(x + Attn(x)); x = LN(x + MLP(x))."""
 
   cfg: ModelConfig
+  ops: platform_ops.Ops = platform_ops.DEFAULT
 
   @nn.compact
-  def __call__(self, x: Array, mask: attention.Mask, deterministic: bool,
+  def __call__(self, x: Array, inputs: BlockInputs, deterministic: bool,
                rows: Array | None = None) -> Array:
     """x [B, T, d] -> [B, T, d]; with rows [B, Q] only those rows' outputs, [B, Q, d].
 
@@ -71,47 +84,46 @@ class TransformerBlock(nn.Module):
     and values: the rows' queries attend to all T tokens, and the rest of
     the block runs on the Q rows alone.
     """
-    cfg = self.cfg
-    dense = lambda features, names, name: cfg.ops.dense(
+    cfg, ops = self.cfg, self.ops
+    dense = lambda features, names, name: ops.dense(
         features, dtype=cfg.dtype, kernel_init=dense_init(cfg, names),
         bias_init=zeros(names[-1:]), name=name)
-    dropout = lambda h: cfg.ops.dropout(cfg.dropout_rate)(cfg.batch_split(h),
-                                                          deterministic=deterministic)
-    context = x = cfg.batch_split(x)
+    dropout = lambda h: ops.dropout(cfg.dropout_rate)(batch_split(h), deterministic=deterministic)
+    context = x = batch_split(x)
     if rows is not None:
-      x = cfg.batch_split(take_rows(x, rows))
-    h = dropout(SelfAttention(cfg, name='attention')(x, mask, deterministic, context, rows))
+      x = batch_split(take_rows(x, rows))
+    h = dropout(SelfAttention(cfg, ops, name='attention')(x, inputs.mask, deterministic, context,
+                                                          rows))
     x = layer_norm(cfg, 'attention_layer_norm')(x + h)
-    h = cfg.ops.gelu(cfg.batch_split(dense(cfg.intermediate_size, (EMBED, MLP), 'intermediate')(x)))
+    h = ops.gelu(batch_split(dense(cfg.intermediate_size, (EMBED, MLP), 'intermediate')(x)))
     h = dropout(dense(cfg.hidden_size, (MLP, EMBED), 'output')(h))          # h: [B, T, d_ff] above
-    return cfg.batch_split(layer_norm(cfg, 'output_layer_norm')(x + h))
+    return batch_split(layer_norm(cfg, 'output_layer_norm')(x + h))
 
 
 class Encoder(nn.Module):
   cfg: ModelConfig
+  ops: platform_ops.Ops = platform_ops.DEFAULT
 
   @nn.compact
-  def __call__(self, input_ids: Array, segment_ids: Array, attention_mask: Array,
-               deterministic: bool = True, return_all_layers: bool = False,
-               positions: Array | None = None, output_rows: Array | None = None,
-               row_positions: Array | None = None, document_ids: Array | None = None) -> Array:
-    """[B, T] ids -> [B, T] contextual embeddings [B, T, d].
+  def __call__(self, inputs: EncoderInputs, deterministic: bool = True,
+               return_all_layers: bool = False, output_rows: Array | None = None) -> Array:
+    """inputs' [B, T] ids -> contextual embeddings [B, T, d].
 
-    `positions` [B, T]: each token's position embedding (default 0..T-1);
-    DropToken passes the positions of the tokens it kept, restarted positions
-    count from each document's start. `document_ids` [B, T]: each token's
-    document, which attention keeps it in (None: the row is one).
-    `row_positions`: unused (no attention window in BERT).
+    Reads input_ids, segment_ids, attention_mask, `positions` (each token's
+    position embedding; None: 0..T-1) and `document_ids` (each token's
+    document, which attention keeps it in; None: the row is one); BERT has
+    no attention window, so no row_positions.
     With return_all_layers: [L + 1, B, T, d], the embeddings' output (index 0)
     and then every block's, the last being the usual output.
     `output_rows` [B, Q] (indices into T): only those rows' outputs, [B, Q, d]
     (encoder.run_blocks).
     """
     cfg = self.cfg
-    x = Embeddings(cfg, name='embeddings')(input_ids, segment_ids, positions, deterministic)
-    del row_positions
-    mask = attention.Mask(attention_mask.astype(bool), documents=document_ids)
-    return run_blocks(cfg, TransformerBlock, x, deterministic, lambda layer: {'mask': mask},
+    x = Embeddings(cfg, self.ops, name='embeddings')(inputs.input_ids, inputs.segment_ids,
+                                                    inputs.positions, deterministic)
+    blocks = BlockInputs(attention.Mask(inputs.attention_mask.astype(bool),
+                                        documents=inputs.document_ids))
+    return run_blocks(cfg, TransformerBlock, x, deterministic, lambda layer: blocks, self.ops,
                       output_rows=output_rows, return_all_layers=return_all_layers)
 
 
@@ -166,12 +178,15 @@ class BertForMLM(nn.Module):
   """
 
   cfg: ModelConfig
+  # The platform's dense, dropout and GELU (the builder's platform_ops.for_platform),
+  # passed down to every module that uses them.
+  ops: platform_ops.Ops = platform_ops.DEFAULT
 
   def setup(self):
-    self.encoder = Encoder(self.cfg)
-    self.mlm_head = MLMHead(self.cfg)
+    self.encoder = Encoder(self.cfg, self.ops)
+    self.mlm_head = MLMHead(self.cfg, ops=self.ops)
     if self.cfg.sentence_pair_head:
-      self.sentence_pair = SentencePairHead(self.cfg)
+      self.sentence_pair = SentencePairHead(self.cfg, self.ops)
 
   def __call__(self, batch: dict[str, Array], deterministic: bool = True) -> Array:
     return self.pretrain(batch, deterministic)['mlm_logits']
@@ -193,9 +208,10 @@ class BertForMLM(nn.Module):
     rows = inputs['masked_positions']
     if self.cfg.sentence_pair_head:
       rows = jnp.concatenate([jnp.zeros_like(rows[:, :1]), rows], axis=1)
-    sequence = self.encoder(inputs['input_ids'], inputs['segment_ids'], inputs['attention_mask'],
-                            deterministic, positions=inputs['positions'], output_rows=rows,
-                            row_positions=row_positions, document_ids=self._documents(inputs))
+    sequence = self.encoder(
+        EncoderInputs.of(inputs, positions=inputs['positions'], row_positions=row_positions,
+                         document_ids=self._documents(inputs)),
+        deterministic, output_rows=rows)
     if not self.cfg.sentence_pair_head:
       return {'mlm_logits': self.mlm_logits(sequence)}
     return {'mlm_logits': self.mlm_logits(sequence[:, 1:]),
@@ -203,9 +219,9 @@ class BertForMLM(nn.Module):
 
   def all_layers(self, batch: dict[str, Array], deterministic: bool = True) -> Array:
     """[L + 1, B, T, d]: the embeddings' output, then each block's."""
-    return self.encoder(batch['input_ids'], batch['segment_ids'], batch['attention_mask'],
-                        deterministic, return_all_layers=True, positions=self._positions(batch),
-                        document_ids=self._documents(batch))
+    return self.encoder(EncoderInputs.of(batch, positions=self._positions(batch),
+                                         document_ids=self._documents(batch)),
+                        deterministic, return_all_layers=True)
 
   def _documents(self, batch: dict[str, Array]) -> Array | None:
     """The batch's document_ids [B, T] when attention keeps documents apart, else None.

@@ -21,7 +21,6 @@ from mlm_jax.model.attention.choice import ATTENTIONS
 from mlm_jax.model.attention.choice import NO_DROPOUT_ATTENTIONS
 from mlm_jax.model.attention.choice import RENAMED_ATTENTIONS
 from mlm_jax.model.attention.choice import current_name as current_attention_name
-from mlm_jax.runtime import platform_ops
 
 Array = jax.Array
 
@@ -33,6 +32,8 @@ REMATS = ('none', 'dots', 'full')              # What a block keeps for the back
 # encoder of modern.py (ModernBertForMaskedLM). Every variant but 'modern' is
 # the BERT encoder.
 VARIANTS = ('bert', 'roberta', 'modern')
+# What ModelConfig.platform may be: JAX's names of the platforms a step compiles for.
+PLATFORMS = ('cpu', 'gpu', 'tpu')
 
 
 
@@ -71,29 +72,18 @@ class ModelConfig:
   # Set by the trainer, not config.model.
   dtype: Any = jnp.float32   # Compute dtype; parameters are always float32.
   sentence_pair_head: bool = False  # Pooler + 2-way classifier on [CLS] (NSP/SOP).
-  # Where activations keep their batch axis (the trainer's batch sharding, see
-  # sharding.batch_sharding); None: no constraint (a model used on one device).
-  batch_sharding: Any = None
-  # The platform the step is compiled for ('cpu', 'gpu', 'tpu'; '' becomes
-  # JAX's default backend here when the config is made), which picks `ops`
-  # and the attention kernels. Not part of shape_record: the parameters are
-  # the same on every platform.
-  platform: str = ''
+  # The platform the model is compiled for (PLATFORMS): the builder's mesh's
+  # devices, never guessed from the host here. It picks the attention kernels
+  # ('auto'); the forms of dense, dropout and GELU reach the modules as their
+  # `ops` field (runtime/platform_ops.py). Not part of shape_record: the
+  # parameters are the same on every platform.
+  platform: str = dataclasses.field(kw_only=True)
 
   def __post_init__(self):
-    if not self.platform:
-      object.__setattr__(self, 'platform', jax.default_backend())
-
-  @property
-  def ops(self) -> platform_ops.Ops:
-    """The dense, dropout and GELU forms for `platform` (runtime/platform_ops.py)."""
-    return platform_ops.for_platform(self.platform)
-
-  def batch_split(self, x: Array) -> Array:
-    """x [B, ...] constrained to keep its batch axis split like the input batch."""
-    if self.batch_sharding is None:
-      return x
-    return jax.lax.with_sharding_constraint(x, self.batch_sharding)
+    require(self.platform in PLATFORMS,
+            f'ModelConfig.platform={self.platform!r}: pass the platform the model is compiled '
+            f"for, one of {', '.join(map(repr, PLATFORMS))} (a mesh's "
+            "devices[0].platform, or jax.default_backend() where it runs here).")
 
   def shape_record(self) -> dict[str, Any]:
     """What a checkpoint's parameters must agree with to be loaded into this model."""
@@ -104,27 +94,39 @@ class ModelConfig:
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int, padded_vocab_size: int,
-                  dtype: Any, **overrides) -> 'ModelConfig':
-    """From config.model (every field; `overrides` for the ones the trainer sets)."""
+                  dtype: Any, *, platform: str, **overrides) -> 'ModelConfig':
+    """From config.model (every field; `overrides` for the ones the trainer sets).
+
+    `platform`: where the model is compiled for (PLATFORMS), always stated by the caller.
+    """
     fields = {f.name for f in dataclasses.fields(cls)} - {
-        'vocab_size', 'padded_vocab_size', 'dtype', 'sentence_pair_head', 'batch_sharding',
-        'platform'}
+        'vocab_size', 'padded_vocab_size', 'dtype', 'sentence_pair_head', 'platform'}
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     given = {k: model.get(k, defaults[k]) if k in ('document_mask', 'restart_positions')
              else model[k] for k in fields if k not in overrides}
     if 'attention' in given:   # A run saved before the kernels were renamed.
       given['attention'] = current_attention_name(given['attention'])
     return cls(vocab_size=vocab_size, padded_vocab_size=padded_vocab_size, dtype=dtype,
-               **given, **overrides)
+               platform=platform, **given, **overrides)
 
 
-def compute_dtype(name: str, platform: str | None = None):
+def local_platform() -> str:
+  """The platform of this process's default devices, for a model applied here.
+
+  What a tool that runs the model in this process passes as ModelConfig.platform
+  (export, import, analysis, probes): there, the host is the target. A step
+  built for a mesh takes the mesh's devices' platform instead (training/build.py).
+  """
+  return jax.default_backend()
+
+
+def compute_dtype(name: str, platform: str):
   """config.model.dtype as a dtype; 'auto' is float32 on a CPU and bfloat16 on GPUs and TPUs.
 
-  `platform` is where the step runs (default: JAX's backend here).
+  `platform` is where the step runs (PLATFORMS): the mesh's, not the host's.
   """
   if name == 'auto':
-    return jnp.float32 if (platform or jax.default_backend()) == 'cpu' else jnp.bfloat16
+    return jnp.float32 if platform == 'cpu' else jnp.bfloat16
   return jnp.dtype(name)
 
 

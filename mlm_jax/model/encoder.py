@@ -1,28 +1,29 @@
 """The layer loop both encoders share: blocks named layer_i (or one scanned block), remat,
-the last block at the output rows only, every layer's output on request.
+the last block at the output rows only, every layer's output on request; and the
+encoders' input (EncoderInputs), which the model builds.
 
-An encoder (bert.Encoder, modern.ModernEncoder) computes its embeddings and
-whatever its blocks read besides x (masks, rotary tables), then calls
-`run_blocks` from its compact method; the blocks become its children, so
-parameters sit at encoder/layer_i/... (encoder/layers/block/... with
+An encoder (bert.Encoder, modern.ModernEncoder) takes one EncoderInputs and
+reads the fields it uses; it computes its embeddings and what its blocks
+read besides x (its own block-inputs struct: masks, rotary tables), then
+calls `run_blocks` from its compact method; the blocks become its children,
+so parameters sit at encoder/layer_i/... (encoder/layers/block/... with
 scan_layers) whichever encoder it is.
 
-A block is a Linen module whose __call__ takes x [B, T, d], its other inputs
-by name, `deterministic` (a Python bool) and `rows` [B, Q] or None (only
-those rows' outputs, [B, Q, d]). `run_blocks` passes the arguments by name
-and calls the block with them in its signature's order, and tells nn.remat
-which position `deterministic` holds by looking the name up in that
-signature: a block may gain or reorder arguments without remat tracing the
-bool. Shapes: see mlm_jax/model/config.py.
+A block is a Linen module made as `block(cfg, ops=ops, **fields)`, whose
+__call__ is exactly (x, inputs, deterministic, rows): x [B, T, d], `inputs`
+the encoder's struct (a pytree: the same for every call of a layer kind),
+`deterministic` a Python bool, and `rows` [B, Q] or None (only those rows'
+outputs, [B, Q, d]). That signature fixes remat's static argument:
+`deterministic`, STATIC_ARGNUMS. Shapes: see mlm_jax/model/config.py.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -30,34 +31,45 @@ from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
 from mlm_jax.model.layers import REMAT_POLICIES
 from mlm_jax.model.layers import take_rows
+from mlm_jax.runtime import platform_ops
 
-# The block's __call__ arguments that are Python values, fixed when tracing:
-# nn.remat must not trace them.
-STATIC_ARGUMENTS = ('deterministic',)
+# The positions, in block.__call__(self, x, inputs, deterministic, rows) as
+# nn.remat counts them (self is 0), of the arguments that are Python values
+# fixed when tracing: remat must not trace `deterministic`.
+STATIC_ARGNUMS = (3,)
 
 
-def _arguments(block: type[nn.Module], **by_name: Any) -> tuple[Any, ...]:
-  """`by_name` as positional arguments of block.__call__, in its signature's order.
+@flax.struct.dataclass
+class EncoderInputs:
+  """What an encoder reads, built by the model from a batch. [B, T] each.
 
-  nn.remat's static_argnums are positions, and a keyword argument would be
-  traced; so every argument is passed by position.
+  Each encoder reads the fields it uses (BERT: not row_positions; ModernBERT:
+  not segment_ids, it has no segment table).
   """
-  bound = inspect.signature(block.__call__).bind(None, **by_name)
-  bound.apply_defaults()
-  return bound.args[1:]
 
+  input_ids: Array
+  segment_ids: Array
+  attention_mask: Array                # 1 for real tokens (padding last in every row).
+  # Each token's position (position embedding or rotary angle); None: 0..T-1.
+  # DropToken passes the positions of the tokens it kept; restarted positions
+  # count from each document's start.
+  positions: Array | None = None
+  # Positions in the original row, which a local window measures distances
+  # in (DropToken's kept tokens); None: 0..T-1.
+  row_positions: Array | None = None
+  document_ids: Array | None = None    # Attention stays in each document; None: one per row.
 
-def static_argnums(block: type[nn.Module]) -> tuple[int, ...]:
-  """Positions of STATIC_ARGUMENTS in block.__call__ (self is 0), as nn.remat counts them."""
-  names = list(inspect.signature(block.__call__).parameters)
-  return tuple(names.index(name) for name in STATIC_ARGUMENTS)
+  @classmethod
+  def of(cls, batch: dict[str, Array], **fields: Any) -> 'EncoderInputs':
+    """From a batch's input_ids, segment_ids and attention_mask, and `fields` (the rest)."""
+    return cls(batch['input_ids'], batch['segment_ids'], batch['attention_mask'], **fields)
 
 
 def _block_class(block: type[nn.Module], cfg: ModelConfig) -> type[nn.Module]:
   """`block`, or with cfg.remat a version that recomputes what the policy does not keep."""
   if cfg.remat == 'none':
     return block
-  return nn.remat(block, policy=REMAT_POLICIES[cfg.remat], static_argnums=static_argnums(block))
+  return nn.remat(block, policy=REMAT_POLICIES[cfg.remat], static_argnums=STATIC_ARGNUMS)
 
 
 class _ScannedBlock(nn.Module):
@@ -67,25 +79,25 @@ class _ScannedBlock(nn.Module):
   block: type[nn.Module]
   deterministic: bool
   emit: bool  # Also return every block's output (stacked by the scan).
+  ops: platform_ops.Ops = platform_ops.DEFAULT
 
   @nn.compact
-  def __call__(self, x: Array, inputs: dict[str, Any]):
-    x = _block_class(self.block, self.cfg)(self.cfg, name='block')(
-        *_arguments(self.block, x=x, deterministic=self.deterministic, **inputs))
+  def __call__(self, x: Array, inputs: Any):
+    x = _block_class(self.block, self.cfg)(self.cfg, ops=self.ops, name='block')(
+        x, inputs, self.deterministic, None)
     return x, (x if self.emit else None)
 
 
 def run_blocks(cfg: ModelConfig, block: type[nn.Module], x: Array, deterministic: bool,
-               inputs: Callable[[int], dict[str, Any]],
+               inputs: Callable[[int], Any], ops: platform_ops.Ops = platform_ops.DEFAULT,
                fields: Callable[[int], dict[str, Any]] = lambda layer: {},
                output_rows: Array | None = None, return_all_layers: bool = False,
                finish: Callable[[Array], Array] = lambda y: y) -> Array:
   """x [B, T, d] (the embeddings' output) through cfg.num_layers blocks -> [B, T, d].
 
-  Called from an encoder's compact method. Block i is `block(cfg,
-  **fields(i))` called with `inputs(i)` (its arguments besides x,
-  deterministic and rows, by name). `finish` acts on every output returned
-  (ModernBERT's final LayerNorm).
+  Called from an encoder's compact method. Block i is `block(cfg, ops=ops,
+  **fields(i))` called as (x, inputs(i), deterministic, rows). `finish` acts
+  on every output returned (ModernBERT's final LayerNorm).
   With return_all_layers: [L + 1, B, T, d], x and then every block's output.
   With output_rows [B, Q] (indices into T): only those rows, [B, Q, d], the
   same values as the full output's; the last block computes them alone.
@@ -100,15 +112,16 @@ def run_blocks(cfg: ModelConfig, block: type[nn.Module], x: Array, deterministic
     blocks = nn.scan(_ScannedBlock, variable_axes={'params': 0},
                      split_rngs={'params': True, 'dropout': True}, in_axes=nn.broadcast,
                      length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: 'layers'})
-    out, every = blocks(cfg, block, deterministic, return_all_layers, name='layers')(x, inputs(0))
+    out, every = blocks(cfg, block, deterministic, return_all_layers, ops,
+                        name='layers')(x, inputs(0))
     if return_all_layers:
       return finish(jnp.concatenate([x[None], every]))
     return finish(out if output_rows is None else take_rows(out, output_rows))
   layers = [x]
   for i in range(cfg.num_layers):
     rows = output_rows if i == cfg.num_layers - 1 else None
-    x = _block_class(block, cfg)(cfg, name=f'layer_{i}', **fields(i))(
-        *_arguments(block, x=x, deterministic=deterministic, rows=rows, **inputs(i)))
+    x = _block_class(block, cfg)(cfg, ops=ops, name=f'layer_{i}', **fields(i))(
+        x, inputs(i), deterministic, rows)
     layers.append(x)
   return jnp.stack([finish(y) for y in layers]) if return_all_layers else finish(x)
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 
 import flax.linen as nn
+import flax.struct
 import jax.numpy as jnp
 import numpy as np
 
@@ -41,6 +42,7 @@ from mlm_jax.model import attention
 from mlm_jax.model.bert import BertForMLM
 from mlm_jax.model.config import Array
 from mlm_jax.model.config import ModelConfig
+from mlm_jax.model.encoder import EncoderInputs
 from mlm_jax.model.encoder import run_blocks
 from mlm_jax.model.heads import MLMHead
 from mlm_jax.model.heads import SentencePairHead
@@ -49,9 +51,11 @@ from mlm_jax.model.layers import HEADS
 from mlm_jax.model.layers import KV
 from mlm_jax.model.layers import MLP
 from mlm_jax.model.layers import VOCAB
+from mlm_jax.model.layers import batch_split
 from mlm_jax.model.layers import dense_init
 from mlm_jax.model.layers import layer_norm
 from mlm_jax.model.layers import take_rows
+from mlm_jax.runtime import platform_ops
 
 Rotary = tuple[Array, Array]  # cos, sin: [B or 1, T, 1, H], float32.
 
@@ -94,6 +98,7 @@ def apply_rotary(x: Array, rotary: Rotary) -> Array:
 
 class ModernEmbeddings(nn.Module):
   cfg: ModelConfig
+  ops: platform_ops.Ops = platform_ops.DEFAULT
 
   @nn.compact
   def __call__(self, input_ids: Array, deterministic: bool) -> Array:
@@ -101,12 +106,13 @@ class ModernEmbeddings(nn.Module):
     cfg = self.cfg
     x = nn.Embed(cfg.padded_vocab_size, cfg.hidden_size,
                  embedding_init=dense_init(cfg, (VOCAB, EMBED)), name='token')(input_ids)
-    x = layer_norm(cfg, 'layer_norm', use_bias=False)(cfg.batch_split(x))
-    return cfg.ops.dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    x = layer_norm(cfg, 'layer_norm', use_bias=False)(batch_split(x))
+    return self.ops.dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
 class ModernAttention(nn.Module):
   cfg: ModelConfig
+  ops: platform_ops.Ops = platform_ops.DEFAULT
 
   @nn.compact
   def __call__(self, x: Array, mask: attention.Mask, rotary: Rotary, deterministic: bool,
@@ -115,41 +121,52 @@ class ModernAttention(nn.Module):
 
     With rows [B, Q]: only those rows' queries (attending to all T keys), [B, Q, d].
     """
-    cfg = self.cfg
+    cfg, ops = self.cfg, self.ops
     n, h = cfg.num_heads, cfg.hidden_size // cfg.num_heads
     # One projection to (q, k, v) as Hugging Face's Wqkv: [d, 3, N, H].
-    qkv = cfg.ops.dense_general((3, n, h), use_bias=False, dtype=cfg.dtype,
-                                kernel_init=dense_init(cfg, (EMBED, None, HEADS, KV)),
-                                name='qkv')(x)
+    qkv = ops.dense_general((3, n, h), use_bias=False, dtype=cfg.dtype,
+                            kernel_init=dense_init(cfg, (EMBED, None, HEADS, KV)),
+                            name='qkv')(x)
     # Split (not indexed): the gradient is one concatenation of dq, dk and dv,
     # not three padded copies added together.
-    q, k, v = (cfg.batch_split(y[:, :, 0]) for y in jnp.split(qkv, 3, axis=2))  # [B, T, N, H]
+    q, k, v = (batch_split(y[:, :, 0]) for y in jnp.split(qkv, 3, axis=2))  # [B, T, N, H]
     q_rotary = rotary
     if rows is not None:
-      q = cfg.batch_split(take_rows(q, rows))                              # [B, Q, N, H]
+      q = batch_split(take_rows(q, rows))                                  # [B, Q, N, H]
       q_rotary = tuple(take_rows(jnp.asarray(table), rows) for table in rotary)
     out = attention.attend(cfg, apply_rotary(q, q_rotary), apply_rotary(k, rotary), v, mask,
-                           deterministic, rows)
-    out = cfg.ops.dense_general(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
-                                kernel_init=dense_init(cfg, (HEADS, KV, EMBED), out_std(cfg)),
-                                name='out')(out)
-    return cfg.ops.dropout(cfg.attention_dropout_rate)(out, deterministic=deterministic)
+                           deterministic, rows, ops.dropout)
+    out = ops.dense_general(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
+                            kernel_init=dense_init(cfg, (HEADS, KV, EMBED), out_std(cfg)),
+                            name='out')(out)
+    return ops.dropout(cfg.attention_dropout_rate)(out, deterministic=deterministic)
 
 
 class GeGLU(nn.Module):
   cfg: ModelConfig
+  ops: platform_ops.Ops = platform_ops.DEFAULT
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool) -> Array:
     """x [B, T, d] -> Wo(GELU(input)·gate) [B, T, d]; [input, gate] = Wi(x) [B, T, 2·d_ff]."""
-    cfg = self.cfg
-    h = cfg.ops.dense(2 * cfg.intermediate_size, use_bias=False, dtype=cfg.dtype,
-                      kernel_init=dense_init(cfg, (EMBED, MLP)), name='wi')(x)
-    inputs, gate = jnp.split(cfg.batch_split(h), 2, axis=-1)
-    h = cfg.ops.dropout(cfg.dropout_rate)(cfg.ops.gelu(inputs) * gate,
-                                          deterministic=deterministic)
-    return cfg.ops.dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
-                         kernel_init=dense_init(cfg, (MLP, EMBED), out_std(cfg)), name='wo')(h)
+    cfg, ops = self.cfg, self.ops
+    h = ops.dense(2 * cfg.intermediate_size, use_bias=False, dtype=cfg.dtype,
+                  kernel_init=dense_init(cfg, (EMBED, MLP)), name='wi')(x)
+    inputs, gate = jnp.split(batch_split(h), 2, axis=-1)
+    h = ops.dropout(cfg.dropout_rate)(ops.gelu(inputs) * gate, deterministic=deterministic)
+    return ops.dense(cfg.hidden_size, use_bias=False, dtype=cfg.dtype,
+                     kernel_init=dense_init(cfg, (MLP, EMBED), out_std(cfg)), name='wo')(h)
+
+
+@flax.struct.dataclass
+class BlockInputs:
+  """What a ModernBERT block reads besides x: its layer kind's mask and rotary tables.
+
+  Global and local layers each have one (whole row or window; their rotary base).
+  """
+
+  mask: attention.Mask
+  rotary: Rotary
 
 
 class ModernBlock(nn.Module):
@@ -157,58 +174,57 @@ class ModernBlock(nn.Module):
 
   cfg: ModelConfig
   first: bool  # Layer 0: its input is the embeddings' LayerNorm already.
+  ops: platform_ops.Ops = platform_ops.DEFAULT
 
   @nn.compact
-  def __call__(self, x: Array, mask: attention.Mask, rotary: Rotary, deterministic: bool,
+  def __call__(self, x: Array, inputs: BlockInputs, deterministic: bool,
                rows: Array | None = None) -> Array:
     """x [B, T, d] -> [B, T, d]; with rows [B, Q] only those rows' outputs, [B, Q, d]
     (their queries attend to all T tokens; the rest of the block runs on Q rows)."""
     cfg = self.cfg
-    x = cfg.batch_split(x)
+    x = batch_split(x)
     h = x if self.first else layer_norm(cfg, 'attention_norm', use_bias=False)(x)
     if rows is not None:
-      x = cfg.batch_split(take_rows(x, rows))
-    x = x + cfg.batch_split(
-        ModernAttention(cfg, name='attention')(h, mask, rotary, deterministic, rows))
+      x = batch_split(take_rows(x, rows))
+    x = x + batch_split(ModernAttention(cfg, self.ops, name='attention')(
+        h, inputs.mask, inputs.rotary, deterministic, rows))
     h = layer_norm(cfg, 'mlp_norm', use_bias=False)(x)
-    return cfg.batch_split(x + GeGLU(cfg, name='mlp')(h, deterministic))
+    return batch_split(x + GeGLU(cfg, self.ops, name='mlp')(h, deterministic))
 
 
 class ModernEncoder(nn.Module):
   cfg: ModelConfig
+  ops: platform_ops.Ops = platform_ops.DEFAULT
 
   @nn.compact
-  def __call__(self, input_ids: Array, segment_ids: Array, attention_mask: Array,
-               deterministic: bool = True, return_all_layers: bool = False,
-               positions: Array | None = None, output_rows: Array | None = None,
-               row_positions: Array | None = None, document_ids: Array | None = None) -> Array:
-    """[B, T] ids -> contextual embeddings [B, T, d] (after the final LayerNorm).
+  def __call__(self, inputs: EncoderInputs, deterministic: bool = True,
+               return_all_layers: bool = False, output_rows: Array | None = None) -> Array:
+    """inputs' [B, T] ids -> contextual embeddings [B, T, d] (after the final LayerNorm).
 
-    Same arguments as bert.Encoder; `positions` are the rotary positions,
-    `row_positions` the ones a local window measures distances in (DropToken's
-    kept tokens; None: 0..T-1). segment_ids are not used (ModernBERT has
-    no segment table). With return_all_layers: [L + 1, B, T, d], the final
-    LayerNorm of the embeddings' output and of every block's output, the last
-    being the usual output: a pre-LN model's head reads normalised states.
-    With output_rows [B, Q]: the last block computes those rows only, [B, Q, d].
+    Reads input_ids, attention_mask, `positions` (the rotary positions),
+    `row_positions` (the ones a local window measures distances in:
+    DropToken's kept tokens; None: 0..T-1) and document_ids; ModernBERT has
+    no segment table, so no segment_ids. With return_all_layers:
+    [L + 1, B, T, d], the final LayerNorm of the embeddings' output and of
+    every block's output, the last being the usual output: a pre-LN model's
+    head reads normalised states. With output_rows [B, Q]: the last block
+    computes those rows only, [B, Q, d].
     """
-    del segment_ids
     cfg = self.cfg
     if cfg.scan_layers:
       raise ValueError("scan_layers is not supported by variant 'modern' (see config.py).")
-    x = ModernEmbeddings(cfg, name='embeddings')(input_ids, deterministic)
-    positions = np.arange(input_ids.shape[1])[None] if positions is None else positions
-    masks = [attention.Mask(attention_mask.astype(bool), row_positions, document_ids, window)
-             for window in (None, cfg.local_attention // 2)]
+    x = ModernEmbeddings(cfg, self.ops, name='embeddings')(inputs.input_ids, deterministic)
+    positions = inputs.positions
+    if positions is None:
+      positions = np.arange(inputs.input_ids.shape[1])[None]
+    valid = inputs.attention_mask.astype(bool)
     head_dim = cfg.hidden_size // cfg.num_heads
-    rotary = (rotary_tables(positions, head_dim, cfg.global_rope_theta),
-              rotary_tables(positions, head_dim, cfg.local_rope_theta))
-
-    def inputs(layer: int) -> dict:
-      kind = 0 if is_global(cfg, layer) else 1
-      return {'mask': masks[kind], 'rotary': rotary[kind]}
-
-    return run_blocks(cfg, ModernBlock, x, deterministic, inputs,
+    kinds = [BlockInputs(attention.Mask(valid, inputs.row_positions, inputs.document_ids, window),
+                         rotary_tables(positions, head_dim, theta))
+             for window, theta in ((None, cfg.global_rope_theta),
+                                   (cfg.local_attention // 2, cfg.local_rope_theta))]
+    return run_blocks(cfg, ModernBlock, x, deterministic,
+                      lambda layer: kinds[0 if is_global(cfg, layer) else 1], self.ops,
                       fields=lambda layer: {'first': layer == 0}, output_rows=output_rows,
                       return_all_layers=return_all_layers,
                       finish=layer_norm(cfg, 'final_norm', use_bias=False))
@@ -223,7 +239,8 @@ class ModernBertForMLM(BertForMLM):
   """
 
   def setup(self):
-    self.encoder = ModernEncoder(self.cfg)
-    self.mlm_head = MLMHead(self.cfg, use_bias=False, transform_std=out_std(self.cfg))
+    self.encoder = ModernEncoder(self.cfg, self.ops)
+    self.mlm_head = MLMHead(self.cfg, use_bias=False, transform_std=out_std(self.cfg),
+                            ops=self.ops)
     if self.cfg.sentence_pair_head:
-      self.sentence_pair = SentencePairHead(self.cfg)
+      self.sentence_pair = SentencePairHead(self.cfg, self.ops)

@@ -7,7 +7,7 @@ most of a small step, so on 'cpu' `for_platform` returns replacements that
 compute the same function (dropout: the same distribution) in a form that
 backend handles well. The choice is made once, where a step is built
 (training/build.py, for the platform of the mesh's devices, not the host's),
-and reaches the model as ModelConfig.platform. Every replacement has a test
+and reaches the model as its modules' `ops` field. Every replacement has a test
 that it computes what the default computes (tests/test_platform_ops.py);
 what each one gains on a CPU is measured in docs/benchmarks.md.
 

@@ -13,7 +13,9 @@ now recommends (`jax.pmap` has been in maintenance mode since JAX 0.8).
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -26,8 +28,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 DATA_AXIS, FSDP_AXIS = 'data', 'fsdp'
-# Logical parameter axis -> mesh axis; names not listed are replicated.
-LOGICAL_RULES = (('embed', FSDP_AXIS),)
+# Logical axis -> mesh axes; names not listed are replicated. 'embed' places
+# the parameters (and their Adam moments); 'batch' the activations, which
+# the model constrains with nn.with_logical_constraint (model/layers.py
+# batch_split) to keep the input batch's split over every device.
+LOGICAL_RULES = (('embed', FSDP_AXIS), ('batch', (DATA_AXIS, FSDP_AXIS)))
 
 
 def make_mesh(fsdp: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -45,12 +50,37 @@ def make_mesh(fsdp: int = 1, devices: Sequence[jax.Device] | None = None) -> Mes
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Leading (batch) dimension split over every device (`data` and `fsdp`).
 
-  The batch and, inside the step, every activation of the model
-  (ModelConfig.batch_sharding): without that constraint XLA may keep a weight
-  split on `fsdp` and gather the activations instead, a whole global batch
-  per device (seen compiling BERT-base with fsdp=16 for a TPU v5e slice).
+  The batch's sharding; inside the step, the model's activations keep it by
+  the 'batch' rule of LOGICAL_RULES (see `traced_on`): without that
+  constraint XLA may keep a weight split on `fsdp` and gather the activations
+  instead, a whole global batch per device (seen compiling BERT-base with
+  fsdp=16 for a TPU v5e slice).
   """
   return NamedSharding(mesh, PartitionSpec((DATA_AXIS, FSDP_AXIS)))
+
+
+def traced_on(fn: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
+  """`fn` whose body is traced on `mesh`: give it to jax.jit.
+
+  The model's activation constraints (layers.batch_split: the 'batch' rule of
+  LOGICAL_RULES) and splash attention's shard_map read the mesh from the
+  context they are traced in; outside one they do nothing (a model on one
+  device, tests, interop). Entered inside the traced body, the context holds
+  however the jitted step is then called, lowered or compiled (the trainer,
+  the benchmark, the pre-flight). The abstract mesh is enough to trace with,
+  and may be entered under jit, where jax.set_mesh may not. The rules are
+  not entered as flax's logical_axis_rules context: with a mesh and rules
+  both in context, flax constrains each DenseGeneral kernel's flattened
+  initial value (which it evaluates in apply, to check shapes) by the
+  unflattened kernel's axis names, which fails; the model passes the rules
+  to its constraints itself.
+  """
+  @functools.wraps(fn)
+  def traced(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args, **kwargs)
+
+  return traced
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -54,8 +54,10 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
   they train, time and compile the same program. Choices left to 'auto'
   (compute dtype, attention kernel, concurrent chains) are made for the
   platform of the mesh's devices, not for the host's, and so are the forms
-  of the operations that differ between platforms (platform_ops): the
-  pre-flight compiles on a CPU host what a TPU or GPU will run.
+  of the operations that differ between platforms (platform_ops, given to
+  the model as its `ops`): the pre-flight compiles on a CPU host what a TPU
+  or GPU will run. The steps are traced on the mesh (sharding.traced_on),
+  where the logical rule for 'batch' keeps the activations split like the batch.
   `baseline_token`: the training data's most frequent token
   (PreparedData.most_frequent_token()), whose hit rate the steps report;
   objective.NO_BASELINE where there is none (a benchmark's synthetic
@@ -66,9 +68,9 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
   dtype = model_lib.compute_dtype(config.model.dtype, platform)
   model_cfg = model_lib.ModelConfig.from_config(
       config.model, vocab_size, tok_lib.padded_vocab_size(vocab_size), dtype,
-      sentence_pair_head=pairs, batch_sharding=sharding.batch_sharding(mesh), platform=platform)
+      platform=platform, sentence_pair_head=pairs)
   model_lib.check_attention_platform(model_cfg)
-  model = model_lib.mlm_model(model_cfg)
+  model = model_lib.mlm_model(model_cfg, platform_ops.for_platform(platform))
   tx = optimizer.make_optimizer(config.train, platform)
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
@@ -77,12 +79,12 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
                                                                 mesh)
   chains = platform_ops.concurrent_chains(config.train, mesh.size, platform)
   train_step = jax.jit(
-      step_lib.make_train_step(optimizer.learning_rate_schedule(config.train),
-                               config.train.grad_accum_steps, config.sentence_pair.loss_weight,
-                               chains, baseline_token, platform),
+      sharding.traced_on(step_lib.make_train_step(
+          optimizer.learning_rate_schedule(config.train), config.train.grad_accum_steps,
+          config.sentence_pair.loss_weight, chains, baseline_token, platform), mesh),
       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0,
       compiler_options=platform_ops.train_compiler_options(platform, chains))
-  eval_step = jax.jit(step_lib.make_eval_step(baseline_token, platform),
+  eval_step = jax.jit(sharding.traced_on(step_lib.make_eval_step(baseline_token, platform), mesh),
                       in_shardings=(state_sh, batch_sh), out_shardings=repl)
   attention = model_lib.describe_attention(model_cfg, config.data.seq_len,
                                            config.masking.max_predictions + int(pairs))

@@ -133,7 +133,7 @@ def load(workdir: str, step: int | None = None) -> TrainedRun:
   resolved = config.resolved
   model_cfg = model_lib.ModelConfig.from_config(
       config.model, resolved.vocab_size, resolved.padded_vocab_size, jnp.float32,
-      sentence_pair_head=config.sentence_pair.task != 'none')
+      platform=model_lib.local_platform(), sentence_pair_head=config.sentence_pair.task != 'none')
   step, params, meta = ckpt_lib.restore_params(checkpoint_dir(workdir), step)
   ckpt_lib.check_meta(meta, model_cfg.shape_record(), f'{step} of {workdir}')
   recorded = _recorded_tokenizer(workdir)

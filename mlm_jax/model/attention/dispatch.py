@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import flax.linen as nn
 import jax
 
 from mlm_jax.model.attention.blocked import banded_attention
@@ -27,8 +28,9 @@ def attend(cfg: ModelConfig, q: Array, k: Array, v: Array, mask: Mask, determini
 
   rows [B, Q]: the queries are those rows' (the last block at the masked
   slots); None: Q = T. Called inside a module's compact method (its dropout
-  is one). Only 'dense' and the banded 'blocked' apply attention dropout;
-  `choose` sends a call with dropout to one of them.
+  is one): `dropout_module` is the module's dropout class (its ops.dropout;
+  None: nn.Dropout). Only 'dense' and the banded 'blocked' apply attention
+  dropout; `choose` sends a call with dropout to one of them.
   """
   rate = 0.0 if deterministic else cfg.attention_dropout_rate
   kernel, _ = choose(cfg, local=mask.window is not None, q_len=q.shape[1], kv_len=k.shape[1],
@@ -37,9 +39,9 @@ def attend(cfg: ModelConfig, q: Array, k: Array, v: Array, mask: Mask, determini
   if kernel == 'cudnn':
     return cudnn_attention(q, k, v, mask)
   if kernel == 'splash':
-    return splash_attention(q, k, v, mask, cfg.batch_sharding)
+    return splash_attention(q, k, v, mask)
   drop = (lambda w: w) if rate == 0.0 else (
-      lambda w: cfg.ops.dropout(rate)(w, deterministic=False))
+      lambda w: (dropout_module or nn.Dropout)(rate)(w, deterministic=False))
   if kernel == 'blocked':
     if mask.window is not None and rows is None:
       return banded_attention(q, k, v, mask, drop)

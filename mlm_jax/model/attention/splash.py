@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from mlm_jax.model.attention.mask import Mask
+from mlm_jax.runtime import sharding
 
 Array = jax.Array
 
@@ -20,14 +22,15 @@ Array = jax.Array
 SPLASH_BLOCK = 128
 
 
-def splash_attention(q: Array, k: Array, v: Array, mask: Mask, batch_sharding=None,
+def splash_attention(q: Array, k: Array, v: Array, mask: Mask,
                      interpret: bool = False) -> Array:
   """Pallas splash attention (TPUs): q, k, v [B, T, N, H] -> [B, T, N, H].
 
   A static LocalMask of mask.window each side (or a full mask) and segment
-  ids (mask.segments(): documents, padding apart). Under jit on a mesh the
-  kernel runs per device under shard_map, on that device's rows
-  (`batch_sharding`, the trainer's; heads are not split). `interpret` runs
+  ids (mask.segments(): documents, padding apart). Traced on a mesh (the
+  step: sharding.traced_on) the kernel runs per device under shard_map, on
+  that device's rows (the mesh axes of the 'batch' rule; heads are not
+  split). `interpret` runs
   the kernel in Pallas's interpreter (any platform; for tests).
   """
   from jax.experimental.pallas.ops.tpu import splash_attention as splash
@@ -50,12 +53,13 @@ def splash_attention(q: Array, k: Array, v: Array, mask: Mask, batch_sharding=No
     return jnp.swapaxes(out, 1, 2)
 
   segments = mask.segments()
+  mesh = jax.sharding.get_abstract_mesh()
+  spec = nn.logical_to_mesh_axes(('batch',), sharding.LOGICAL_RULES)  # The batch's mesh axes.
   # Unsplit where no sharding applies (one device, or the one-row batch that
   # only traces the parameters' shapes).
-  if batch_sharding is None or b % batch_sharding.mesh.size:
+  if mesh.empty or b % mesh.size:
     return run(q, k, v, segments)
-  spec = jax.sharding.PartitionSpec(batch_sharding.spec[0])
-  return jax.shard_map(run, mesh=batch_sharding.mesh, in_specs=(spec,) * 4, out_specs=spec,
+  return jax.shard_map(run, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec,
                        check_vma=False)(q, k, v, segments)
 
 
