@@ -22,14 +22,14 @@ from jax.experimental import multihost_utils
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
-from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.data import prepared
+from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.runtime import host_malloc
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
 from mlm_jax.training import checkpoint
-from mlm_jax.training import heldout
 from mlm_jax.training import feed as feed_lib
+from mlm_jax.training import heldout
 from mlm_jax.training import init_from
 from mlm_jax.training import lock
 from mlm_jax.training import metrics
