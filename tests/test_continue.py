@@ -352,6 +352,12 @@ def test_a_hub_id_resolves_from_the_cache_offline_and_is_pinned(bert_dir, corpus
   encoder = pretrained.from_hf_dir('example-org/bert-mini')
   assert encoder.source == {'hf_dir': f'example-org/bert-mini@{revision}'}
   assert encoder.model_cfg.num_layers == 2
+  # A local directory of the same name wins over the hub id.
+  monkeypatch.chdir(tmp_path)
+  shutil.copytree(bert_dir, tmp_path / 'example-org' / 'bert-mini')
+  resolved = configuration.resolve(_config(corpus_glob, str(tmp_path / 'data'),
+                                           'example-org/bert-mini'), 8)
+  assert resolved.init.hf_dir == 'example-org/bert-mini'
 
 
 def test_a_hub_id_not_cached_offline_names_the_download(bert_dir, corpus_glob, tmp_path,

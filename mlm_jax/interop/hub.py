@@ -73,9 +73,9 @@ def resolve(name: str, flag: str) -> Resolved:
     local_dir = huggingface_hub.snapshot_download(repo_id, revision=revision,
                                                   allow_patterns=list(ALLOW_PATTERNS))
   except errors.LocalEntryNotFoundError as e:
-    raise ValueError(f'{flag}={name!r} is not in the Hugging Face cache '
-                     f'({huggingface_hub.constants.HF_HUB_CACHE}) and the hub cannot be reached '
-                     f'(HF_HUB_OFFLINE or no network): download it where there is a network with '
+    raise ValueError(f'{flag}={name!r}: no such local directory, and as a hub id it is not in '
+                     f'the Hugging Face cache ({huggingface_hub.constants.HF_HUB_CACHE}) while the '
+                     f'hub cannot be reached (HF_HUB_OFFLINE or no network): download it with '
                      f'`{command}` (same HF_HOME), or give a local directory.') from e
   except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError) as e:
     raise ValueError(f'{flag}={name!r}: no such model or revision on the hub '
