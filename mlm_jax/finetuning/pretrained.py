@@ -11,8 +11,8 @@ arrays, its tokenizer, and the row length it was trained with when known.
              directory (safetensors or pytorch_model.bin) with its tokenizer
              files (interop/hf.py reads both), or a hub id org/name[@revision]
              resolved through the Hugging Face cache (interop/hub.py), recorded
-             as org/name@commit; its architecture and shape from its config.json, how
-             we run it (attention kernel, remat, ...) from configs/base.py; no
+             as org/name@commit; its architecture and shape from its
+             config.json, how we run it (attention kernel, remat, ...) from configs/base.py; no
              row length (the data picks one, loop.read_task_data)
 """
 

@@ -32,7 +32,8 @@ zeros. V is the model's vocabulary (config.json's vocab_size), which may
 exceed its tokenizer's ids (ModernBERT's does).
 
 Only numpy is needed to convert; safetensors is imported when a file is read
-or written, torch only to read a pytorch_model.bin (weights_only: no code runs). Tokenizers go through the tokenizer seam
+or written, torch only to read a pytorch_model.bin (weights_only: no code
+runs). Tokenizers go through the tokenizer seam
 (data/tokenizer.py; a sentencepiece model's tokenizer.json is made by
 data/hf_tokenizer.py, the home of `tokenizers`).
 """

@@ -1,9 +1,10 @@
 """Where a new run's weights come from: a Hugging Face checkpoint or an earlier run.
 
 config.init.hf_dir (BertForMaskedLM, RobertaForMaskedLM, ModernBertForMaskedLM
-in safetensors or pytorch_model.bin; a directory or a hub id) or config.init.workdir (the latest checkpoint of an mlm_jax
-run). Weights only: the optimizer state stays as created (zero moments,
-step 0), so the schedule's warm-up starts again. configuration.resolve has
+in safetensors or pytorch_model.bin; a directory or a hub id, interop/hub.py)
+or config.init.workdir (the latest checkpoint of an mlm_jax run). Weights
+only: the optimizer state stays as created (zero moments, step 0), so the
+schedule's warm-up starts again. configuration.resolve has
 already made config.model the checkpoint's shape; `model_cfg` differs from
 it only in the vocabulary, when words added to the tokenizer
 (config.tokenizer.add_tokens) need rows the table lacks.
@@ -21,9 +22,9 @@ from typing import Any
 
 import jax
 import ml_collections
-from jax.experimental import multihost_utils
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
 from mlm_jax import model as model_lib
 from mlm_jax.config_check import ConfigError
