@@ -275,7 +275,9 @@ def get_config() -> ml_collections.ConfigDict:
   # A Hugging Face directory to continue pretraining from (BertForMaskedLM,
   # RobertaForMaskedLM or ModernBertForMaskedLM in safetensors, with its
   # tokenizer files), e.g. a published checkpoint or one written by
-  # `python -m mlm_jax.export`. Empty: random init.
+  # `python -m mlm_jax.export`. Empty: random init. Or a hub id,
+  # org/name[@revision], read through the Hugging Face cache (the run records
+  # org/name@commit); a pytorch_model.bin is read as safetensors are.
   config.init.hf_dir = ''
   # An mlm_jax run directory whose latest checkpoint's weights (not its
   # optimizer or step) start this run, e.g. on a new corpus.

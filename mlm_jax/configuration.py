@@ -32,6 +32,7 @@ from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import sentence_pairs
 from mlm_jax.data import tokenizer
+from mlm_jax.interop import hub
 from mlm_jax.model import config as model_config
 
 __all__ = ['ConfigError', 'resolve', 'validate']
@@ -117,8 +118,9 @@ def _check_init(config: ml_collections.ConfigDict) -> None:
           'config.tokenizer.add_tokens needs a tokenizer to add to: set config.init.hf_dir '
           '(or config.init.workdir, or config.tokenizer.model_file).')
   if init.hf_dir:
-    require(os.path.isdir(os.path.expanduser(init.hf_dir)),
-            f'config.init.hf_dir={init.hf_dir!r}: no such directory.')
+    require(os.path.isdir(os.path.expanduser(init.hf_dir)) or hub.is_hub_id(init.hf_dir),
+            f'config.init.hf_dir={init.hf_dir!r}: no such directory, nor a hub id '
+            '(org/name or org/name@revision).')
   if init.workdir:
     require(os.path.isfile(os.path.join(os.path.expanduser(init.workdir), 'config.json')),
             f'config.init.workdir={init.workdir!r} is not an mlm_jax run directory (no '
@@ -159,9 +161,14 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
     validate(config, num_devices=num_devices)
     return config
   _check_init(config)  # Where the model comes from, before it is read.
-  source, fields, tokenizer_path = _init_source(init)
+  source, fields, tokenizer_path, pinned = _init_source(init)
   overrides = set(overrides)
   config = config.copy_and_resolve_references()
+  if pinned:
+    # The commit the hub id resolved to, recorded in the run's config.json: a resumed or
+    # re-read run reads exactly these files again, whatever the branch points to later.
+    logging.info('config.init.hf_dir=%r is %s, read from %s', init.hf_dir, pinned, source)
+    config.init.hf_dir = pinned
   model = config.model
   recipe = RECIPE_FIELDS + (ROTARY_RECIPE_FIELDS if fields.get('variant') == 'modern' else ())
   for key in ARCHITECTURE_FIELDS + RECIPE_FIELDS:
@@ -197,11 +204,16 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
   return config
 
 
-def _init_source(init: ml_collections.ConfigDict) -> tuple[str, dict[str, Any], str]:
-  """(where, config.model fields of its model, its tokenizer's path) of config.init's model."""
+def _init_source(init: ml_collections.ConfigDict) -> tuple[str, dict[str, Any], str, str | None]:
+  """(where, config.model fields of its model, its tokenizer's path, the pinned hub id
+  'org/name@commit' or None for a local directory) of config.init's model."""
   if init.hf_dir:
     from mlm_jax.interop import hf  # pylint: disable=import-outside-toplevel  # interop extra
-    hf_dir = os.path.expanduser(init.hf_dir)
+    try:
+      resolved = hub.resolve(init.hf_dir, 'config.init.hf_dir')
+    except ValueError as e:
+      raise ConfigError(str(e)) from e
+    hf_dir = resolved.local_dir
     try:
       fields = hf.checkpoint_model_fields(hf_dir)
     except (ValueError, FileNotFoundError) as e:
@@ -211,7 +223,7 @@ def _init_source(init: ml_collections.ConfigDict) -> tuple[str, dict[str, Any], 
             f'config.init.hf_dir={init.hf_dir!r} has no tokenizer files (tokenizer.json, '
             'vocab.txt, or an mlm_jax tokenizer.model), so its ids cannot be matched to text: '
             'copy the tokenizer files published with the model into it.')
-    return hf_dir, fields, tokenizer_path
+    return hf_dir, fields, tokenizer_path, resolved.pinned
   workdir = os.path.expanduser(init.workdir)
   with open(os.path.join(workdir, 'config.json')) as f:
     saved = saved_config.read(json.load(f), os.path.join(workdir, 'config.json'))
@@ -221,7 +233,7 @@ def _init_source(init: ml_collections.ConfigDict) -> tuple[str, dict[str, Any], 
   require(tokenizer_path is not None,
           f'config.init.workdir={init.workdir!r} holds no tokenizer (tokenizer.model or '
           'tokenizer/): it was not written by a training run.')
-  return workdir, fields, tokenizer_path
+  return workdir, fields, tokenizer_path, None
 
 
 def _check_vocab(config: ml_collections.ConfigDict, source: str) -> None:

@@ -36,7 +36,8 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'The pretraining run to start fr
 _HF_DIR = flags.DEFINE_string(
     'hf_dir', None, 'A Hugging Face masked-LM directory to start from: config.json, '
     'model.safetensors and the tokenizer files it was published with (BertForMaskedLM, '
-    'RobertaForMaskedLM, ModernBertForMaskedLM); or give --workdir.')
+    'RobertaForMaskedLM, ModernBertForMaskedLM), or a hub id org/name[@revision] read through '
+    'the Hugging Face cache; or give --workdir.')
 flags.register_multi_flags_validator(
     ['workdir', 'hf_dir'], lambda f: (f['workdir'] is None) != (f['hf_dir'] is None),
     'name exactly one model to fine-tune: --workdir (an mlm_jax pretraining run) or --hf_dir '

@@ -254,12 +254,122 @@ def test_a_directory_without_tokenizer_files_is_refused(bert_dir, corpus_glob, t
            'has no tokenizer files')
 
 
-def test_a_pickle_only_checkpoint_is_refused(bert_dir, corpus_glob, tmp_path):
-  bare = tmp_path / 'pickle'
-  shutil.copytree(bert_dir, bare)
-  os.rename(bare / 'model.safetensors', bare / 'pytorch_model.bin')
-  _refused(_config(corpus_glob, str(tmp_path / 'data'), str(bare)), tmp_path,
-           'pytorch_model.bin but no model.safetensors.*save_pretrained')
+def as_pytorch_bin(hf_dir: str, out_dir: str, extra: dict | None = None) -> str:
+  """A copy of `hf_dir` whose weights are only pytorch_model.bin (the tensors of its
+  model.safetensors, plus `extra` entries), as checkpoints published before safetensors are."""
+  from safetensors.torch import load_file
+  shutil.copytree(hf_dir, out_dir)
+  os.remove(os.path.join(out_dir, 'model.safetensors'))
+  torch.save({**load_file(os.path.join(hf_dir, 'model.safetensors')), **(extra or {})},
+             os.path.join(out_dir, 'pytorch_model.bin'))
+  return out_dir
+
+
+def as_hub_cache(hf_home: str, repo_id: str, hf_dir: str, revision: str = 'a1b2c3d4' * 5) -> str:
+  """`hf_dir`'s files in a Hugging Face cache under `hf_home` as huggingface_hub lays out a
+  download of `repo_id` (hub/models--org--name/snapshots/<commit>/, refs/main holding the
+  commit); returns the commit."""
+  repo = os.path.join(hf_home, 'hub', 'models--' + repo_id.replace('/', '--'))
+  shutil.copytree(hf_dir, os.path.join(repo, 'snapshots', revision))
+  os.makedirs(os.path.join(repo, 'refs'))
+  with open(os.path.join(repo, 'refs', 'main'), 'w') as f:
+    f.write(revision)
+  return revision
+
+
+def test_a_pytorch_bin_checkpoint_reads_as_its_safetensors(bert_dir, tmp_path):
+  """Read with torch.load(weights_only=True): the same params as the safetensors copy."""
+  from configs import base
+  from mlm_jax.interop import hf
+  bare = as_pytorch_bin(bert_dir, str(tmp_path / 'bin'))
+  assert hf.checkpoint_model_fields(bare) == hf.checkpoint_model_fields(bert_dir)
+  cfg = hf.load_hf_config(bert_dir, base.get_config().model)
+  import jax
+  for a, b in zip(jax.tree_util.tree_leaves(hf.load_hf_params(bert_dir, cfg)),
+                  jax.tree_util.tree_leaves(hf.load_hf_params(bare, cfg))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_pytorch_bin_needing_more_than_tensors_is_refused(bert_dir, corpus_glob, tmp_path):
+  """A pickled object (here the training arguments) would run code to load: refused, with a
+  conversion command that leaves a complete directory (tokenizer files copied)."""
+  import argparse
+  import subprocess
+  import sys
+  bare = as_pytorch_bin(bert_dir, str(tmp_path / 'bin'), {'args': argparse.Namespace(lr=1e-4)})
+  with pytest.raises(configuration.ConfigError, match='holds more than tensors') as e:
+    run_training(_config(corpus_glob, str(tmp_path / 'data'), bare), str(tmp_path / 'run'))
+  assert '\n' not in str(e.value) and not os.path.exists(tmp_path / 'data')
+  command = str(e.value).split('with that file: ', 1)[1].replace('OUT_DIR', str(tmp_path / 'out'))
+  assert command.startswith('python -c ')
+  subprocess.run([sys.executable, '-c', command[len('python -c "'):-1]], check=True)
+  for name in os.listdir(bert_dir):
+    if name != 'model.safetensors':
+      with open(os.path.join(bert_dir, name), 'rb') as a, open(tmp_path / 'out' / name, 'rb') as b:
+        assert a.read() == b.read(), name
+  assert configuration.resolve(_config(corpus_glob, str(tmp_path / 'data'), str(tmp_path / 'out')),
+                               8).model.num_layers == 2
+
+
+@pytest.mark.parametrize('kind', ['truncated safetensors', 'truncated bin', 'corrupt bin'])
+def test_a_broken_download_is_named_in_one_line(kind, bert_dir, corpus_glob, tmp_path):
+  broken = str(tmp_path / 'broken')
+  if kind.endswith('bin'):
+    as_pytorch_bin(bert_dir, broken)
+  else:
+    shutil.copytree(bert_dir, broken)
+  name = 'model.safetensors' if kind.endswith('safetensors') else 'pytorch_model.bin'
+  path = os.path.join(broken, name)
+  with open(path, 'rb') as f:
+    raw = f.read()
+  with open(path, 'wb') as f:
+    f.write(raw[:len(raw) // 2] if kind.startswith('truncated')
+            else raw[:64] + bytes(len(raw) - 64))
+  _refused(_config(corpus_glob, str(tmp_path / 'data'), broken), tmp_path,
+           f'{name} is truncated or corrupt .*: download it again')
+
+
+def _offline_cache(monkeypatch, hf_home: str) -> None:
+  """huggingface_hub reading only the cache under `hf_home`, as with HF_HOME and
+  HF_HUB_OFFLINE=1 (set on its constants: it read the environment when imported)."""
+  from huggingface_hub import constants
+  monkeypatch.setattr(constants, 'HF_HUB_CACHE', os.path.join(hf_home, 'hub'))
+  monkeypatch.setattr(constants, 'HF_HUB_OFFLINE', True)
+  monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+
+
+def test_a_hub_id_resolves_from_the_cache_offline_and_is_pinned(bert_dir, corpus_glob, tmp_path,
+                                                                monkeypatch):
+  _offline_cache(monkeypatch, str(tmp_path / 'hf'))
+  revision = as_hub_cache(str(tmp_path / 'hf'), 'example-org/bert-mini', bert_dir)
+  for hf_dir in ('example-org/bert-mini', f'example-org/bert-mini@{revision}'):
+    resolved = configuration.resolve(_config(corpus_glob, str(tmp_path / 'data'), hf_dir), 8)
+    # The run's config.json records the commit the id resolved to.
+    assert resolved.init.hf_dir == f'example-org/bert-mini@{revision}'
+    assert resolved.model.num_layers == 2 and resolved.model.vocab_size == 400
+    assert resolved.tokenizer.model_file.startswith(str(tmp_path / 'hf' / 'hub'))
+  from mlm_jax.finetuning import pretrained
+  encoder = pretrained.from_hf_dir('example-org/bert-mini')
+  assert encoder.source == {'hf_dir': f'example-org/bert-mini@{revision}'}
+  assert encoder.model_cfg.num_layers == 2
+  # A local directory of the same name wins over the hub id.
+  monkeypatch.chdir(tmp_path)
+  shutil.copytree(bert_dir, tmp_path / 'example-org' / 'bert-mini')
+  resolved = configuration.resolve(_config(corpus_glob, str(tmp_path / 'data'),
+                                           'example-org/bert-mini'), 8)
+  assert resolved.init.hf_dir == 'example-org/bert-mini'
+
+
+def test_a_hub_id_not_cached_offline_names_the_download(bert_dir, corpus_glob, tmp_path,
+                                                         monkeypatch):
+  _offline_cache(monkeypatch, str(tmp_path / 'hf'))
+  _refused(_config(corpus_glob, str(tmp_path / 'data'), 'example-org/absent@v1'), tmp_path,
+           r'not in the Hugging Face cache .*`hf download example-org/absent --revision v1`')
+  _refused(_config(corpus_glob, str(tmp_path / 'data'), './no/such'), tmp_path,
+           'no such directory, nor a hub id')
+  from mlm_jax.finetuning import pretrained
+  with pytest.raises(configuration.ConfigError, match='hf download example-org/absent'):
+    pretrained.from_hf_dir('example-org/absent')
 
 
 def test_an_unknown_model_type_is_refused(bert_dir, corpus_glob, tmp_path):

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO
+from tests.conftest import micro_config
+from tests.conftest import run_training
 from tests.conftest import write_config_file
 
 NUM_STEPS = 4
@@ -30,22 +32,28 @@ def _env(devices_per_process: int) -> dict:
   return env
 
 
-def _train_losses(config_file: str, workdir: str, num_processes: int, devices: int) -> list:
+def _train_losses(config_file: str, workdir: str, num_processes: int, devices: int,
+                  env: dict | None = None) -> list:
   cmd = [sys.executable, '-m', 'mlm_jax.train', f'--config={config_file}', f'--workdir={workdir}']
+  env = {**_env(devices), **(env or {})}
   if num_processes > 1:
     port = _free_port()
     procs = [subprocess.Popen(cmd + [f'--coordinator_address=127.0.0.1:{port}',
                                      f'--num_processes={num_processes}', f'--process_id={i}'],
-                              cwd=REPO, env=_env(devices), stdout=subprocess.PIPE,
+                              cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
              for i in range(num_processes)]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outs):
       assert p.returncode == 0, err[-3000:]
   else:
-    out = subprocess.run(cmd, cwd=REPO, env=_env(devices), capture_output=True, text=True,
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+  return _logged_losses(workdir)
+
+
+def _logged_losses(workdir: str) -> list:
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     records = [json.loads(line) for line in f]
   return [(r['step'], r['loss']) for r in records if 'loss' in r]
@@ -108,3 +116,42 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step_and_resumes(prepared
     assert p.returncode == 0, err[-3000:]
     assert f'at step {stop_step}' in err
   assert os.path.isdir(os.path.join(workdir, 'checkpoints', str(num_steps)))
+
+
+@pytest.mark.slow
+def test_continuing_a_published_checkpoint_with_fsdp_across_processes_matches_one(
+    corpus_glob, tmp_path):
+  """2 processes x 4 devices, the state split over all 8 (fsdp=8), continue a published BERT:
+  each process places its shards of the checkpoint's tensors (no process can fetch the whole
+  state), and the losses are those of 1 process x 8 devices.
+
+  The 2 x 4 run names the checkpoint by hub id from an offline cache holding it as
+  pytorch_model.bin, the 1 x 8 run reads the directory's model.safetensors: the hub id and the
+  PyTorch file continue too (test_continue checks each alone).
+  """
+  pytest.importorskip('transformers')
+  from tests import published
+  from tests.test_continue import as_hub_cache
+  from tests.test_continue import as_pytorch_bin
+  bert = published.make_bert(str(tmp_path / 'bert'), published.sample_texts(100))
+  revision = as_hub_cache(str(tmp_path / 'hf'), 'example-org/bert-mini',
+                          as_pytorch_bin(bert, str(tmp_path / 'bin')))
+  steps = 2
+  config_file = write_config_file(
+      tmp_path / 'continue.py', corpus_glob, str(tmp_path / 'data_p2x4'),
+      {'init.hf_dir': 'example-org/bert-mini', 'mesh.fsdp': 8}, num_steps=steps, log_every=1,
+      eval_every=steps, checkpoint_every=steps, concurrent_chains=1)
+  two = _train_losses(config_file, str(tmp_path / 'p2x4'), num_processes=2, devices=4,
+                      env={'HF_HOME': str(tmp_path / 'hf'), 'HF_HUB_OFFLINE': '1'})
+  # 1 x 8: this process (tests/conftest.py gives it 8 devices), as the command trains.
+  config = micro_config(corpus_glob, str(tmp_path / 'data_p1x8'))
+  config.init.hf_dir, config.mesh.fsdp = bert, 8
+  config.train.update(num_steps=steps, log_every=1, eval_every=steps, checkpoint_every=steps,
+                      concurrent_chains=1)
+  run_training(config, str(tmp_path / 'p1x8'))
+  eight = _logged_losses(str(tmp_path / 'p1x8'))
+  print('losses 2x4:', two, '1x8:', eight)
+  assert [s for s, _ in two] == [s for s, _ in eight] == [1, 2]
+  np.testing.assert_allclose([l for _, l in two], [l for _, l in eight], rtol=1e-5)
+  with open(tmp_path / 'p2x4' / 'config.json') as f:
+    assert json.load(f)['init']['hf_dir'] == f'example-org/bert-mini@{revision}'

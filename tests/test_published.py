@@ -8,6 +8,7 @@ export as single ids whose embedding rows start as the mean of their pieces'.
 Needs the `interop` extra (torch, transformers, safetensors, tokenizers).
 """
 
+import argparse
 import dataclasses
 import json
 import os
@@ -245,8 +246,12 @@ def test_unknown_and_unreadable_checkpoints_are_named(checkpoints, tmp_path):
   with open(os.path.join(checkpoints['roberta'], 'config.json')) as f:
     config = json.load(f)
   (tmp_path / 'config.json').write_text(json.dumps(config | {'model_type': 'xlm-roberta'}))
-  torch.save({}, tmp_path / 'pytorch_model.bin')
-  with pytest.raises(ValueError, match=r'pytorch_model\.bin but no model\.safetensors'):
+  with pytest.raises(ValueError, match=r'has no model\.safetensors or pytorch_model\.bin'):
+    hf.checkpoint_model_fields(str(tmp_path))
+  # Unpickling anything but tensors and containers could run code: refused.
+  torch.save({'step': torch.zeros(1), 'optimizer': argparse.Namespace(lr=1e-4)},
+             tmp_path / 'pytorch_model.bin')
+  with pytest.raises(ValueError, match=r'pytorch_model\.bin holds more than tensors'):
     hf.checkpoint_model_fields(str(tmp_path))
   # XLM-R: RoBERTa's tensors under another model_type.
   os.remove(tmp_path / 'pytorch_model.bin')

@@ -8,9 +8,11 @@ arrays, its tokenizer, and the row length it was trained with when known.
   --workdir  the run's latest checkpoint, config.json and tokenizer
              (training/workdir.py); rows as long as the run's data.seq_len
   --hf_dir   a BertForMaskedLM, RobertaForMaskedLM or ModernBertForMaskedLM
-             directory in safetensors with its tokenizer files (interop/hf.py
-             reads both); its architecture and shape from its config.json, how
-             we run it (attention kernel, remat, ...) from configs/base.py; no
+             directory (safetensors or pytorch_model.bin) with its tokenizer
+             files (interop/hf.py reads both), or a hub id org/name[@revision]
+             resolved through the Hugging Face cache (interop/hub.py), recorded
+             as org/name@commit; its architecture and shape from its
+             config.json, how we run it (attention kernel, remat, ...) from configs/base.py; no
              row length (the data picks one, loop.read_task_data)
 """
 
@@ -68,9 +70,16 @@ def from_hf_dir(hf_dir: str) -> Pretrained:
   model, or a tokenizer whose ids the embedding table cannot hold.
   """
   from mlm_jax.interop import hf  # pylint: disable=import-outside-toplevel  # interop extra
-  hf_dir = os.path.abspath(os.path.expanduser(hf_dir))
+  from mlm_jax.interop import hub  # pylint: disable=import-outside-toplevel
+  try:
+    resolved = hub.resolve(hf_dir, '--hf_dir')
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+  source = {'hf_dir': resolved.pinned} if resolved.pinned else {}
+  hf_dir = os.path.abspath(resolved.local_dir)
   if not os.path.isdir(hf_dir):
-    raise ConfigError(f'--hf_dir={hf_dir}: no such directory.')
+    raise ConfigError(f'--hf_dir={hf_dir}: no such directory, nor a hub id (org/name or '
+                      'org/name@revision).')
   try:
     fields = hf.checkpoint_model_fields(hf_dir)
     tokenizer = tok_lib.load(hf_dir)
@@ -91,7 +100,10 @@ def from_hf_dir(hf_dir: str) -> Pretrained:
     params = _hf_params(hf, hf_dir, model_cfg)
   except (ValueError, FileNotFoundError) as e:
     raise ConfigError(f'--hf_dir={hf_dir}: {e}') from e
-  return Pretrained(source={'hf_dir': hf_dir}, description=hf_dir,
+  # A hub id is recorded as 'org/name@commit' (the files read), a directory as its path.
+  source = source or {'hf_dir': hf_dir}
+  description = f'{source["hf_dir"]} ({hf_dir})' if resolved.pinned else hf_dir
+  return Pretrained(source=source, description=description,
                     model_section=section.to_dict(), model_cfg=model_cfg, params=params,
                     tokenizer=tokenizer, seq_len=None)
 
@@ -101,7 +113,7 @@ def _hf_params(hf: Any, hf_dir: str, cfg: model_lib.ModelConfig) -> dict[str, An
   from the same file for its head: BERT's pooler (as 'sentence_pair' holds a pretraining run's),
   ModernBERT's MLM head dense + norm (its classifier head has the same tensors). A RoBERTa
   classifier's dense layer starts fresh there, so its pooler is not taken."""
-  tensors = hf.read_safetensors(hf_dir)
+  tensors = hf.read_weights(hf_dir)
   fmt = hf.FORMATS[cfg.variant]
   named = fmt.canonical_names(tensors)
   params = hf.from_hf_state_dict(tensors, cfg, fallback_params=_zero_head(cfg), source=hf_dir,

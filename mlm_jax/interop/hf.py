@@ -32,7 +32,8 @@ zeros. V is the model's vocabulary (config.json's vocab_size), which may
 exceed its tokenizer's ids (ModernBERT's does).
 
 Only numpy is needed to convert; safetensors is imported when a file is read
-or written, and torch never is. Tokenizers go through the tokenizer seam
+or written, torch only to read a pytorch_model.bin (weights_only: no code
+runs). Tokenizers go through the tokenizer seam
 (data/tokenizer.py; a sentencepiece model's tokenizer.json is made by
 data/hf_tokenizer.py, the home of `tokenizers`).
 """
@@ -44,6 +45,7 @@ import importlib
 import json
 import math
 import os
+import pickle
 from typing import Any
 
 import jax
@@ -66,6 +68,8 @@ Params = dict[str, Any]
 INSTALL_HINT = "pip install -e '.[interop]'"
 _SAFETENSORS = 'model.safetensors'
 _SAFETENSORS_INDEX = 'model.safetensors.index.json'
+_PYTORCH = 'pytorch_model.bin'
+_PYTORCH_INDEX = 'pytorch_model.bin.index.json'
 
 
 def require(module: str):
@@ -199,12 +203,12 @@ def checkpoint_model_fields(hf_dir: str) -> dict[str, Any]:
   attention_dropout_rate, initializer_range, layer_norm_eps and, for
   'modern', global_attn_every_n_layers, local_attention, global_rope_theta,
   local_rope_theta. Raises ValueError (one line) for a missing config.json,
-  an unsupported model_type or setting, or weights not in safetensors.
+  an unsupported model_type or setting, no weight file, or a truncated one.
   """
   hf = read_hf_config(hf_dir)
   fields = checkpoint_fields(hf)
   try:
-    _weight_files(hf_dir)
+    check_weight_files(hf_dir)
   except FileNotFoundError as e:
     raise ValueError(str(e)) from e
   return fields
@@ -308,7 +312,8 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: model_lib.ModelConfi
   fmt = _format(cfg)
   tensors = fmt.canonical_names(tensors)
   has_head = fmt.head_tensor in tensors
-  if fallback_params is not None and cfg.scan_layers:
+  if fallback_params is not None and cfg.scan_layers and 'encoder' in fallback_params:
+    # (The heads alone, as init_from passes them, have no layers to unstack.)
     fallback_params = model_lib.unstack_layers(fallback_params, cfg.num_layers)
   params: Params = {}
   for t in fmt.layout(cfg, fmt.position_offset(pad_id)):
@@ -400,39 +405,114 @@ def _format(cfg: model_lib.ModelConfig) -> Format:
 
 
 def _weight_files(hf_dir: str) -> list[str]:
-  """The safetensors file(s) of a model directory; pickle-only ones are refused (ValueError)."""
-  single, index = os.path.join(hf_dir, _SAFETENSORS), os.path.join(hf_dir, _SAFETENSORS_INDEX)
-  if os.path.exists(single):
-    return [single]
-  if os.path.exists(index):
-    with open(index) as f:
-      return [os.path.join(hf_dir, shard)
-              for shard in sorted(set(json.load(f)['weight_map'].values()))]
-  pickles = [p for p in ('pytorch_model.bin', 'pytorch_model.bin.index.json')
-             if os.path.exists(os.path.join(hf_dir, p))]
-  if pickles:
-    raise ValueError(
-        f'{hf_dir} holds {pickles[0]} but no {_SAFETENSORS}. Pickle files can execute '
-        'arbitrary code when they are loaded, so only safetensors are read. Convert it once, '
-        'in an environment you trust with that file: python -c "from transformers import '
-        f"AutoModelForMaskedLM as M; M.from_pretrained('{hf_dir}').save_pretrained('OUT_DIR')\" "
-        '(transformers writes model.safetensors).')
-  raise FileNotFoundError(f'{hf_dir} has no {_SAFETENSORS}.')
+  """The weight file(s) of a model directory: model.safetensors (or its sharded index), else
+  pytorch_model.bin (or its sharded index); FileNotFoundError if it has none."""
+  for single, index in ((_SAFETENSORS, _SAFETENSORS_INDEX), (_PYTORCH, _PYTORCH_INDEX)):
+    if os.path.exists(os.path.join(hf_dir, single)):
+      return [os.path.join(hf_dir, single)]
+    if os.path.exists(os.path.join(hf_dir, index)):
+      with open(os.path.join(hf_dir, index)) as f:
+        shards = sorted(set(json.load(f)['weight_map'].values()))
+      return [os.path.join(hf_dir, shard) for shard in shards]
+  raise FileNotFoundError(f'{hf_dir} has no {_SAFETENSORS} or {_PYTORCH} (nor their sharded '
+                          'index): not a model directory with weights.')
 
 
-def read_safetensors(hf_dir: str) -> dict[str, np.ndarray]:
-  """All tensors of a model directory's safetensors file(s); pickle files are refused."""
+def _corrupt(path: str, error: BaseException) -> ValueError:
+  """The one line for a weight file that cannot be read: a broken or partial download."""
+  reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+  return ValueError(f'{path} is truncated or corrupt ({reason}): download it again.')
+
+
+def conversion_command(hf_dir: str, out_dir: str = 'OUT_DIR') -> str:
+  """A shell command that writes the tensors of `hf_dir`'s pytorch_model*.bin as
+  model.safetensors in `out_dir` and copies every other file there byte for byte (config and
+  tokenizer files), so `out_dir` is a complete model directory. It unpickles the files fully
+  (weights_only=False): for a file the user trusts."""
+  return ('python -c "import glob, os, shutil, torch; from safetensors.torch import save_file; '
+          f"src, out = '{hf_dir}', '{out_dir}'; os.makedirs(out, exist_ok=True); "
+          "t = {k: v.clone().contiguous() for f in sorted(glob.glob(os.path.join(src, "
+          "'pytorch_model*.bin'))) for k, v in torch.load(f, map_location='cpu', "
+          "weights_only=False).items() if isinstance(v, torch.Tensor)}; "
+          "save_file(t, os.path.join(out, 'model.safetensors'), metadata={'format': 'pt'}); "
+          "[shutil.copy(f, out) for f in glob.glob(os.path.join(src, '*')) if os.path.isfile(f) "
+          "and not f.endswith(('.bin', '.bin.index.json', '.safetensors', "
+          "'.safetensors.index.json'))]\"")
+
+
+def check_weight_files(hf_dir: str) -> list[str]:
+  """The weight files of `hf_dir`, each checked without reading its tensors: a safetensors
+  header that covers the file; a pytorch_model.bin unpickled (weights only, its tensors
+  memory-mapped). ValueError (one line, naming the file) for a truncated or corrupt one or one
+  that needs more than tensors; FileNotFoundError for none."""
   files = _weight_files(hf_dir)
-  numpy_io = require('safetensors.numpy')
-  tensors = {}
   for path in files:
-    tensors.update(numpy_io.load_file(path))
+    if not os.path.exists(path):
+      raise ValueError(f'{path} is missing (named by the sharded index of {hf_dir}): download '
+                       'it again.')
+    if path.endswith('.safetensors'):
+      safetensors = require('safetensors')
+      try:
+        with safetensors.safe_open(path, 'np'):
+          pass
+      except Exception as e:  # pylint: disable=broad-except  # SafetensorError is not exported.
+        raise _corrupt(path, e) from e
+    else:
+      _load_pytorch(path, hf_dir)
+  return files
+
+
+def _load_pytorch(path: str, hf_dir: str) -> dict[str, Any]:
+  """A pytorch_model.bin's state dict, read with torch.load(weights_only=True): transformers'
+  loader, which unpickles tensors and containers only and so runs no code from the file.
+  Tensors of torch.save's zip format (PyTorch >= 1.6) are memory-mapped, not read."""
+  torch = require('torch')
+  with open(path, 'rb') as f:
+    zipped = f.read(4) == b'PK\x03\x04'
+  try:
+    state = torch.load(path, map_location='cpu', weights_only=True, mmap=zipped)
+  except pickle.UnpicklingError as e:
+    if 'Weights only load failed' not in str(e):
+      raise _corrupt(path, e) from e
+    raise ValueError(
+        f'{path} holds more than tensors (objects whose loading would run code from the '
+        'file), so it is not read. Convert it once, in an environment you trust with that '
+        f'file: {conversion_command(hf_dir)}') from e
+  except Exception as e:  # pylint: disable=broad-except  # torch raises OSError, RuntimeError...
+    raise _corrupt(path, e) from e
+  if not isinstance(state, dict):
+    raise ValueError(f'{path} holds a {type(state).__name__}, not a state dict of tensors.')
+  return state
+
+
+def _read_pytorch(path: str, hf_dir: str) -> dict[str, np.ndarray]:
+  """A pytorch_model.bin's tensors as numpy arrays (16-bit floats widened to float32)."""
+  torch = require('torch')
+  return {name: np.array((x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16)
+                          else x).numpy())
+          for name, x in _load_pytorch(path, hf_dir).items() if isinstance(x, torch.Tensor)}
+
+
+def read_weights(hf_dir: str) -> dict[str, np.ndarray]:
+  """All tensors of a model directory's weight file(s): safetensors, or pytorch_model.bin read
+  without running code (_read_pytorch). ValueError (one line) naming a truncated or corrupt
+  file or one that needs more than tensors; FileNotFoundError for no weights."""
+  tensors = {}
+  for path in check_weight_files(hf_dir):  # Cheap: headers, memory-mapped tensors.
+    if path.endswith('.safetensors'):
+      numpy_io = require('safetensors.numpy')
+      try:
+        tensors.update(numpy_io.load_file(path))
+      except Exception as e:  # pylint: disable=broad-except  # SafetensorError is not exported.
+        raise _corrupt(path, e) from e
+    else:
+      tensors.update(_read_pytorch(path, hf_dir))
   return tensors
 
 
 def load_hf_params(hf_dir: str, model_cfg: model_lib.ModelConfig,
                    fallback_params: Params | None = None) -> Params:
-  """Reads a Hugging Face model directory (safetensors only) into our params (numpy).
+  """Reads a Hugging Face model directory (read_weights) into our params (numpy).
 
   Its config.json, where there is one, must name a model type of
   `model_cfg.variant`'s format; its pad_token_id places RoBERTa's positions.
@@ -446,7 +526,7 @@ def load_hf_params(hf_dir: str, model_cfg: model_lib.ModelConfig,
                        f'config.model.variant={model_cfg.variant!r} loads '
                        f'{" or ".join(repr(t) for t in fmt.model_types)} models only.')
     pad_id = hf.get('pad_token_id')
-  return from_hf_state_dict(read_safetensors(hf_dir), model_cfg, fallback_params, source=hf_dir,
+  return from_hf_state_dict(read_weights(hf_dir), model_cfg, fallback_params, source=hf_dir,
                             pad_id=pad_id)
 
 

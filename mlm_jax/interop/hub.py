@@ -1,0 +1,88 @@
+"""Hugging Face hub ids (`org/name`, `org/name@revision`) as model directories.
+
+config.init.hf_dir and finetune --hf_dir take a local directory or a hub id.
+A hub id resolves through huggingface_hub's `snapshot_download` to the
+snapshot directory of its cache ($HF_HOME/hub/models--org--name/snapshots/
+<commit>/), fetching only the files an import reads (config, weights,
+tokenizer files). With HF_HUB_OFFLINE=1 a cached copy is used as it is; an
+id that is not cached is one line naming the download command.
+
+What must stay true: an existing local path is never taken for a hub id (a
+directory named `org/name` under the working directory wins), and the
+revision a run records is the commit the id resolved to, so the same files
+are read again when the run's config is read back (`pinned`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+# org/name with an optional @revision (a branch, tag or commit); hub names use letters,
+# digits, '-', '_' and '.'.
+_HUB_ID = re.compile(r'^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$')
+# What an import reads: config, weights (safetensors or PyTorch, whole or sharded), and the
+# tokenizer files of every kind data/tokenizer.py loads.
+ALLOW_PATTERNS = ('config.json', '*.safetensors', 'model.safetensors.index.json',
+                  'pytorch_model*.bin', 'pytorch_model.bin.index.json', 'tokenizer.json',
+                  'tokenizer_config.json', 'special_tokens_map.json', 'vocab.txt', 'vocab.json',
+                  'merges.txt', '*.model', 'added_tokens.json')
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+  """A model directory on this machine, and where it came from."""
+
+  local_dir: str        # The directory to read.
+  repo_id: str | None   # 'org/name' for a hub id; None for a local directory.
+  revision: str | None  # The commit the hub id resolved to; None for a local directory.
+
+  @property
+  def pinned(self) -> str | None:
+    """'org/name@commit': the id that gives exactly these files again (None: local)."""
+    return f'{self.repo_id}@{self.revision}' if self.repo_id else None
+
+
+def is_hub_id(name: str) -> bool:
+  """True for `org/name[@revision]` that is not an existing local path."""
+  if not name or os.path.exists(os.path.expanduser(name)):
+    return False
+  return name[0] not in './~' and _HUB_ID.match(name) is not None
+
+
+def resolve(name: str, flag: str) -> Resolved:
+  """`name` (a directory or a hub id) as a directory on this machine.
+
+  `flag` names the setting in errors (e.g. 'config.init.hf_dir'). Raises
+  ValueError (one line) for a hub id that cannot be fetched: not cached while
+  offline, unknown, or huggingface_hub not installed.
+  """
+  if not is_hub_id(name):
+    return Resolved(os.path.expanduser(name), None, None)
+  match = _HUB_ID.match(name)
+  repo_id, revision = match.group('repo'), match.group('revision')
+  try:
+    import huggingface_hub  # pylint: disable=import-outside-toplevel  # interop extra
+    from huggingface_hub import errors  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise ValueError(f"{flag}={name!r} is a hub id, which needs huggingface_hub: pip install -e "
+                     "'.[interop]' (or give a local directory).") from e
+  command = f'hf download {repo_id}' + (f' --revision {revision}' if revision else '')
+  try:
+    local_dir = huggingface_hub.snapshot_download(repo_id, revision=revision,
+                                                  allow_patterns=list(ALLOW_PATTERNS))
+  except errors.LocalEntryNotFoundError as e:
+    raise ValueError(f'{flag}={name!r}: no such local directory, and as a hub id it is not in '
+                     f'the Hugging Face cache ({huggingface_hub.constants.HF_HUB_CACHE}) while the '
+                     f'hub cannot be reached (HF_HUB_OFFLINE or no network): download it with '
+                     f'`{command}` (same HF_HOME), or give a local directory.') from e
+  except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError) as e:
+    raise ValueError(f'{flag}={name!r}: no such model or revision on the hub '
+                     f'({type(e).__name__}); check the id, or log in with `hf auth login` for '
+                     'a gated or private model.') from e
+  except errors.HfHubHTTPError as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ValueError(f'{flag}={name!r}: the hub refused the download ({first}); try '
+                     f'`{command}`.') from e
+  return Resolved(local_dir, repo_id, os.path.basename(os.path.normpath(local_dir)))
