@@ -5,6 +5,7 @@ import importlib
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 from configs import base
@@ -116,7 +117,9 @@ def test_concurrent_chains_auto_and_explicit():
 
 def _bert_dir(directory: pathlib.Path, table: int, words: int) -> str:
   """A Hugging Face BERT directory as config.init.hf_dir reads it: config.json, a weights file
-  (not read by resolve) and a WordPiece vocab.txt of `words` ids for a table of `table` rows."""
+  (whose header resolve checks; its tensors are not read there) and a WordPiece vocab.txt of
+  `words` ids for a table of `table` rows."""
+  from safetensors.numpy import save_file
   directory.mkdir()
   (directory / 'config.json').write_text(json.dumps({
       'model_type': 'bert', 'architectures': ['BertForMaskedLM'], 'vocab_size': table,
@@ -124,7 +127,7 @@ def _bert_dir(directory: pathlib.Path, table: int, words: int) -> str:
       'intermediate_size': 64, 'max_position_embeddings': 128, 'type_vocab_size': 2,
       'layer_norm_eps': 1e-12, 'hidden_dropout_prob': 0.1, 'attention_probs_dropout_prob': 0.1,
       'initializer_range': 0.02, 'hidden_act': 'gelu', 'pad_token_id': 0}))
-  (directory / 'model.safetensors').write_bytes(b'')
+  save_file({'unread': np.zeros(1, np.float32)}, str(directory / 'model.safetensors'))
   pieces = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + [f'w{i}' for i in range(words - 5)]
   (directory / 'vocab.txt').write_text('\n'.join(pieces) + '\n')
   return str(directory)
