@@ -2,15 +2,19 @@
 
 Writes, from the parameters, ModelConfig and tokenizer of a masked LM:
 
-  OUT/config.json             the config of config.model.variant's architecture:
-                              BertForMaskedLM, RobertaForMaskedLM or
+  OUT/config.json             the config of the model's architecture
+                              (hf.export_format): BertForMaskedLM,
+                              DistilBertForMaskedLM (no token types),
+                              RobertaForMaskedLM, XLMRobertaForMaskedLM or
+                              CamembertForMaskedLM (by the tokenizer), or
                               ModernBertForMaskedLM, with the special-token ids of
                               the run's tokenizer and vocab_size its table's rows
   OUT/model.safetensors       the weights, vocabulary padding rows dropped
   OUT/tokenizer.json ...      a sentencepiece tokenizer as a tokenizers Unigram (plus
                               tokenizer_config.json and tokenizer.model); a Hugging
                               Face tokenizer (e.g. that of a published checkpoint the
-                              run started from) as its own files, with added words
+                              run started from) as its own files, byte for byte
+                              (sentencepiece.bpe.model included), with added words
 
 so that `AutoModelForMaskedLM`, `AutoTokenizer` and `pipeline('fill-mask')`
 load it offline. `corrected_params` applies `embedding_correction` to the
@@ -102,5 +106,7 @@ def write(out_dir: str, params: Params, model_cfg: model_lib.ModelConfig,
           tokenizer: tok_lib.Tokenizer) -> None:
   """Writes the Hugging Face directory `out_dir`: config, weights and tokenizer."""
   require_extras()
-  hf.save_model(out_dir, params, model_cfg, tokenizer.specials)
-  hf.save_tokenizer(out_dir, tokenizer, model_cfg.max_position_embeddings, model_cfg.variant)
+  # XLM-R's and CamemBERT's tokenizers go with their own model_type (hf.export_format).
+  fmt = hf.export_format(model_cfg, tokenizer)
+  hf.save_model(out_dir, params, model_cfg, tokenizer.specials, fmt)
+  hf.save_tokenizer(out_dir, tokenizer, model_cfg.max_position_embeddings, fmt=fmt)
