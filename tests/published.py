@@ -28,6 +28,8 @@ model.safetensors). What must stay true, per layout:
   make_camembert  camembert-base: the same with CamemBERT's ids <s>NOTUSED=0
                   <pad>=1 </s>NOTUSED=2 <unk>=3 <unk>NOTUSED=4 <s>=5 </s>=6 (offset
                   4), <mask> last; CamembertForMaskedLM, bos 5, eos 6.
+  make_bert_cased bert-base-cased: make_bert's ids, WordPiece without lowercasing
+                  or accent stripping (do_lower_case false).
   make_distilbert distilbert-base-uncased: bert-base-uncased's tokenizer as
                   DistilBertTokenizer; DistilBertForMaskedLM (no token types).
 
@@ -286,6 +288,29 @@ def make_camembert(directory: str, texts: Sequence[str], vocab_size: int = 400, 
   return _make_sentencepiece_roberta(directory, texts, vocab_size, seed, model_kw, True)
 
 
+def make_bert_cased(directory: str, texts: Sequence[str], vocab_size: int = 400, seed: int = 0,
+                    **model_kw) -> str:
+  """bert-base-cased's layout in `directory` (a small BertForMaskedLM); returns it."""
+  import transformers  # pylint: disable=import-outside-toplevel
+  os.makedirs(directory, exist_ok=True)
+  trained = tk.Tokenizer(tk.models.WordPiece(unk_token='[UNK]'))
+  trained.normalizer = tk.normalizers.BertNormalizer(lowercase=False, strip_accents=False)
+  trained.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
+  trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(BERT_SPECIALS),
+                                         continuing_subword_prefix='##', show_progress=False)
+  trained.train_from_iterator(list(texts), trainer)
+  vocab = trained.get_vocab()
+  tokenizer = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=False,
+                                             model_max_length=512)
+  _save_tokenizer(tokenizer, directory)
+  fields = _model_fields(model_kw, max_position_embeddings=64, type_vocab_size=2,
+                         layer_norm_eps=1e-12, hidden_act='gelu')
+  config = transformers.BertConfig(vocab_size=len(vocab), pad_token_id=0, **fields)
+  config._attn_implementation = 'eager'  # pylint: disable=protected-access
+  _save_model(directory, config, 'BertForMaskedLM', seed)
+  return directory
+
+
 def make_distilbert(directory: str, texts: Sequence[str], vocab_size: int = 400, seed: int = 0,
                     **model_kw) -> str:
   """distilbert-base-uncased's layout in `directory` (a small DistilBertForMaskedLM).
@@ -313,9 +338,9 @@ def make_distilbert(directory: str, texts: Sequence[str], vocab_size: int = 400,
 
 
 MAKERS = {'bert': make_bert, 'roberta': make_roberta, 'modern': make_modernbert}
-# The layouts whose export this project wrote as another architecture before issue 44.
-NEW_MAKERS = {'xlm-roberta': make_xlm_roberta, 'camembert': make_camembert,
-              'distilbert': make_distilbert}
+# More published layouts, each exported as its own class and tokenizer (tests/test_layouts.py).
+MORE_MAKERS = {'bert-cased': make_bert_cased, 'xlm-roberta': make_xlm_roberta,
+               'camembert': make_camembert, 'distilbert': make_distilbert}
 
 
 def sample_texts(num_docs: int = 300) -> list[str]:

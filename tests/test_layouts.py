@@ -1,4 +1,4 @@
-"""XLM-R, CamemBERT and DistilBERT in and out as themselves, built offline (tests/published.py).
+"""bert-base-cased, XLM-R, CamemBERT and DistilBERT in and out as themselves, built offline.
 
 For each layout: the import computes transformers' logits; our reading of
 its tokenizer gives AutoTokenizer's ids (accents, CJK, emoji, a mask after a
@@ -31,15 +31,17 @@ from tests import published  # noqa: E402
 from tests.conftest import micro_config  # noqa: E402
 from tests.conftest import run_training  # noqa: E402
 
-LAYOUTS = tuple(published.NEW_MAKERS)
+LAYOUTS = tuple(published.MORE_MAKERS)
 # layout -> (architecture, model_type, tokenizer class AutoTokenizer builds).
 EXPECTED = {
+    'bert-cased': ('BertForMaskedLM', 'bert', 'BertTokenizer'),
     'xlm-roberta': ('XLMRobertaForMaskedLM', 'xlm-roberta', 'XLMRobertaTokenizer'),
     'camembert': ('CamembertForMaskedLM', 'camembert', 'CamembertTokenizer'),
     'distilbert': ('DistilBertForMaskedLM', 'distilbert', 'DistilBertTokenizer'),
 }
 # Special ids by role as the builders lay them out (as the published checkpoints do).
-SPECIAL_IDS = {'xlm-roberta': dict(pad=1, unk=3, cls=0, sep=2, mask=401),
+SPECIAL_IDS = {'bert-cased': dict(pad=0, unk=100, cls=101, sep=102, mask=103),
+               'xlm-roberta': dict(pad=1, unk=3, cls=0, sep=2, mask=401),
                'camembert': dict(pad=1, unk=3, cls=5, sep=6, mask=404),
                'distilbert': dict(pad=0, unk=100, cls=101, sep=102, mask=103)}
 _WEIGHT_FILES = ('config.json', 'model.safetensors')
@@ -60,7 +62,7 @@ def _texts(mask: str) -> list[str]:
 def checkpoints(tmp_path_factory) -> dict[str, str]:
   """layout -> a directory in that published layout."""
   texts, root = published.sample_texts(), tmp_path_factory.mktemp('layouts')
-  return {name: make(str(root / name), texts) for name, make in published.NEW_MAKERS.items()}
+  return {name: make(str(root / name), texts) for name, make in published.MORE_MAKERS.items()}
 
 
 def _batch(tokenizer, texts: list[str]) -> dict[str, np.ndarray]:
@@ -110,7 +112,7 @@ def _check_export(source: str, out: str, layout: str) -> None:
 def test_import_gives_transformers_logits_and_ids(checkpoints, layout):
   directory = checkpoints[layout]
   fields = hf.checkpoint_model_fields(directory)
-  assert fields['type_vocab_size'] == (0 if layout == 'distilbert' else 1)
+  assert fields['type_vocab_size'] == {'distilbert': 0, 'bert-cased': 2}.get(layout, 1)
   cfg, params = _import(directory)
   theirs = transformers.AutoTokenizer.from_pretrained(directory)
   batch = _batch(theirs, _texts(theirs.mask_token))
@@ -124,9 +126,11 @@ def test_import_gives_transformers_logits_and_ids(checkpoints, layout):
   texts = _texts(tokenizer.specials.token('mask'))
   expected = theirs(texts, add_special_tokens=False)['input_ids']
   assert tokenizer.encode(texts) == expected
+  if layout == 'bert-cased':  # Case and accents kept, unlike bert-base-uncased.
+    assert theirs.tokenize('Café')[0] != theirs.tokenize('cafe')[0]
   mask = tokenizer.specials.mask
   assert (expected[4].count(mask), expected[5].count(mask)) == (1, 2)
-  if layout != 'distilbert':  # The space before the mask is absorbed (lstrip), as in XLM-R.
+  if layout in ('xlm-roberta', 'camembert'):  # The space before the mask is absorbed (lstrip).
     tokens = theirs.convert_ids_to_tokens(expected[4])
     assert tokens[tokens.index(theirs.mask_token) - 1] == '▁a'
 
