@@ -140,7 +140,7 @@ def test_export_is_the_source_kind(checkpoints, layout, tmp_path):
   directory = checkpoints[layout]
   cfg, params = _import(directory)
   tokenizer = tok_lib.load(directory)
-  assert hf.export_format(cfg, tokenizer).model_type == EXPECTED[layout][1]
+  assert mlm_export.export_format(cfg, tokenizer).model_type == EXPECTED[layout][1]
   out = str(tmp_path / 'export')
   mlm_export.write(out, params, cfg, tokenizer)
   _check_export(directory, out, layout)
@@ -163,7 +163,7 @@ def test_xlm_roberta_without_tokenizer_config_still_exports_as_xlm_roberta(check
       if name != 'tokenizer_config.json':
         os.symlink(os.path.join(checkpoints[layout], name), bare / name)
     cfg = hf.load_hf_config(str(bare), base.get_config().model)
-    assert hf.export_format(cfg, tok_lib.load(str(bare))).model_type == EXPECTED[layout][1]
+    assert mlm_export.export_format(cfg, tok_lib.load(str(bare))).model_type == EXPECTED[layout][1]
 
 
 def test_distilbert_layout_is_checked():

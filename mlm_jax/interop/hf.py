@@ -417,11 +417,6 @@ FORMATS = {f.variant: f for f in (BERT, ROBERTA, modernbert.FORMAT)}
 # By config.json's model_type, in the order messages list them.
 _BY_MODEL_TYPE = {f.model_type: f for f in (BERT, DISTILBERT, ROBERTA, XLM_ROBERTA, CAMEMBERT,
                                             modernbert.FORMAT)}
-# The Formats an export may write for each variant's model besides FORMATS[variant]: by
-# the tokenizer class transformers must build for the run's tokenizer.
-_BY_TOKENIZER_CLASS = {'XLMRobertaTokenizer': XLM_ROBERTA, 'CamembertTokenizer': CAMEMBERT}
-# CamemBERT's vocabulary begins with fairseq's unused <s>NOTUSED and </s>NOTUSED.
-_CAMEMBERT_TOKEN = '<s>NOTUSED'
 
 
 def model_format(cfg: model_lib.ModelConfig) -> Format:
@@ -442,31 +437,6 @@ def _checked(cfg: model_lib.ModelConfig, fmt: Format | None) -> Format:
     raise ValueError(f'A {own.name} model (variant {cfg.variant!r}, type_vocab_size '
                      f'{cfg.type_vocab_size}) has no {fmt.architecture} form.')
   return own if fmt is None else fmt
-
-
-def export_format(cfg: model_lib.ModelConfig, tokenizer: tok_lib.Tokenizer) -> Format:
-  """The architecture an export of this model and tokenizer writes.
-
-  The model's own Format, except that a RoBERTa-encoder model with an XLM-R or
-  CamemBERT tokenizer is written as XLMRobertaForMaskedLM or CamembertForMaskedLM:
-  transformers builds those tokenizers (sentencepiece pieces) only for their
-  model_type, and a RobertaTokenizer over their vocabulary splits text into
-  characters. The tokenizer's kind is read from its tokenizer_config.json's
-  tokenizer_class, or, where it names none (the hub's xlm-roberta-base has
-  no tokenizer_config.json), from its vocabulary: a sentencepiece (Unigram)
-  one is XLM-R's, or CamemBERT's where it holds <s>NOTUSED.
-  """
-  own = model_format(cfg)
-  if own is not ROBERTA or not isinstance(tokenizer, hf_tokenizer.HFTokenizer):
-    return own
-  config = json.loads(tokenizer.files.get('tokenizer_config.json', b'{}'))
-  named = config.get('tokenizer_class')
-  if named:
-    return _BY_TOKENIZER_CLASS.get(named.removesuffix('Fast'), own)
-  if tokenizer.kind == 'unigram':
-    camembert = _CAMEMBERT_TOKEN in tokenizer.files.get('tokenizer.json', b'').decode()
-    return CAMEMBERT if camembert else XLM_ROBERTA
-  return own
 
 
 def _weight_files(hf_dir: str) -> list[str]:
@@ -525,9 +495,9 @@ def save_model(out_dir: str, params: Params, cfg: model_lib.ModelConfig,
   """Writes config.json and model.safetensors that `AutoModelForMaskedLM.from_pretrained` loads.
 
   As `fmt` (None: the model's own, `model_format`: BertForMaskedLM, DistilBertForMaskedLM,
-  RobertaForMaskedLM or ModernBertForMaskedLM; `export_format` picks XLM-R's or CamemBERT's
-  by the tokenizer), with config vocab_size = cfg.vocab_size rows and `specials`' ids (the
-  run's tokenizer's).
+  RobertaForMaskedLM or ModernBertForMaskedLM; mlm_export.export_format picks XLM-R's or
+  CamemBERT's by the tokenizer), with config vocab_size = cfg.vocab_size rows and
+  `specials`' ids (the run's tokenizer's).
   """
   numpy_io = require('safetensors.numpy')
   config = to_hf_config(cfg, specials, fmt)  # Refuses a model `fmt` cannot hold, first.
