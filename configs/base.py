@@ -149,7 +149,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Longest row the model takes (bert: size of its learned position table);
   # must be >= data.seq_len.
   config.model.max_position_embeddings = 512
-  # Segment (token type) vocabulary (bert only).
+  # Segment (token type) vocabulary (bert only). 0: no token-type table
+  # (DistilBERT's layout; exported as DistilBertForMaskedLM).
   config.model.type_vocab_size = 2
   # Dropout on embeddings, attention output and MLP output (modern: on the
   # embeddings and inside the MLP, as ModernBERT's embedding/mlp_dropout).

@@ -20,6 +20,18 @@ model.safetensors). What must stay true, per layout:
                   <|endoftext|>, [UNK], [CLS], [SEP], [PAD], [MASK]), [MASK]
                   lstrip; ModernBertForMaskedLM whose vocab_size is the
                   tokenizer's rounded up to a multiple of 64 (as 50368 > 50285).
+  make_xlm_roberta xlm-roberta-base: a sentencepiece unigram model
+                  (sentencepiece.bpe.model, nmt_nfkc) and its tokenizer.json; ids
+                  <s>=0 <pad>=1 </s>=2 <unk>=3, the pieces after them (fairseq's
+                  offset of 1), <mask> last with lstrip; XLMRobertaForMaskedLM
+                  (model_type xlm-roberta) as RoBERTa's config.
+  make_camembert  camembert-base: the same with CamemBERT's ids <s>NOTUSED=0
+                  <pad>=1 </s>NOTUSED=2 <unk>=3 <unk>NOTUSED=4 <s>=5 </s>=6 (offset
+                  4), <mask> last; CamembertForMaskedLM, bos 5, eos 6.
+  make_bert_cased bert-base-cased: make_bert's ids, WordPiece without lowercasing
+                  or accent stripping (do_lower_case false).
+  make_distilbert distilbert-base-uncased: bert-base-uncased's tokenizer as
+                  DistilBertTokenizer; DistilBertForMaskedLM (no token types).
 
 Every weight is perturbed after initialisation (norms and biases too), so a
 conversion that drops or misplaces any tensor changes the logits. Needs
@@ -213,7 +225,122 @@ def make_modernbert(directory: str, texts: Sequence[str], vocab_size: int = 500,
   return directory
 
 
+def _sentencepiece(texts: Sequence[str], vocab_size: int) -> tuple[bytes, list, bytes]:
+  """A sentencepiece unigram model trained on `texts` (<unk>=0 <s>=1 </s>=2, no pad, as
+  XLM-R's and CamemBERT's): its bytes, its (piece, score) list and its normalizer's
+  precompiled charsmap."""
+  import io  # pylint: disable=import-outside-toplevel
+
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+
+  from mlm_jax.data import sp_tokenizer  # pylint: disable=import-outside-toplevel
+  out = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(texts), model_writer=out, vocab_size=vocab_size, model_type='unigram',
+      character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+  proto = sp_tokenizer._model_proto_module().ModelProto()  # pylint: disable=protected-access
+  proto.ParseFromString(out.getvalue())
+  pieces = [(p.piece, p.score) for p in proto.pieces]
+  assert [p for p, _ in pieces[:3]] == ['<unk>', '<s>', '</s>']
+  return out.getvalue(), pieces, proto.normalizer_spec.precompiled_charsmap
+
+
+def _make_sentencepiece_roberta(directory: str, texts: Sequence[str], vocab_size: int, seed: int,
+                                model_kw: dict[str, Any], camembert: bool) -> str:
+  import transformers  # pylint: disable=import-outside-toplevel
+  os.makedirs(directory, exist_ok=True)
+  model_bytes, pieces, charsmap = _sentencepiece(texts, vocab_size)
+  if camembert:  # fairseq's 4 tokens, then every sentencepiece id (its <unk> unused).
+    vocab = [('<s>NOTUSED', 0.0), ('<pad>', 0.0), ('</s>NOTUSED', 0.0), ('<unk>', 0.0),
+             ('<unk>NOTUSED', -100.0), *pieces[1:], ('<mask>', 0.0)]
+    cls = transformers.CamembertTokenizerFast
+  else:  # <s> <pad> </s> <unk>, then sentencepiece's ids from 3 (offset 1).
+    vocab = [('<s>', 0.0), ('<pad>', 0.0), ('</s>', 0.0), ('<unk>', 0.0), *pieces[3:],
+             ('<mask>', 0.0)]
+    cls = transformers.XLMRobertaTokenizerFast
+  tokenizer = cls(vocab=vocab, _spm_precompiled_charsmap=charsmap, model_max_length=512)
+  tokenizer.save_pretrained(directory)
+  with open(os.path.join(directory, 'sentencepiece.bpe.model'), 'wb') as f:
+    f.write(model_bytes)  # The hub's copies carry the sentencepiece model beside tokenizer.json.
+  fields = _model_fields(model_kw, max_position_embeddings=66, type_vocab_size=1,
+                         layer_norm_eps=1e-5, hidden_act='gelu')
+  ids = {'bos_token_id': tokenizer.bos_token_id, 'eos_token_id': tokenizer.eos_token_id}
+  config_cls = transformers.CamembertConfig if camembert else transformers.XLMRobertaConfig
+  config = config_cls(vocab_size=len(vocab), pad_token_id=1, **ids, **fields)
+  config._attn_implementation = 'eager'  # pylint: disable=protected-access
+  _save_model(directory, config,
+              'CamembertForMaskedLM' if camembert else 'XLMRobertaForMaskedLM', seed)
+  return directory
+
+
+def make_xlm_roberta(directory: str, texts: Sequence[str], vocab_size: int = 400, seed: int = 0,
+                     **model_kw) -> str:
+  """xlm-roberta-base's layout in `directory` (a small XLMRobertaForMaskedLM); returns it.
+
+  vocab_size: the sentencepiece model's pieces (the tokenizer has 2 more: <pad>, <mask>).
+  """
+  return _make_sentencepiece_roberta(directory, texts, vocab_size, seed, model_kw, False)
+
+
+def make_camembert(directory: str, texts: Sequence[str], vocab_size: int = 400, seed: int = 0,
+                   **model_kw) -> str:
+  """camembert-base's layout in `directory` (a small CamembertForMaskedLM); returns it."""
+  return _make_sentencepiece_roberta(directory, texts, vocab_size, seed, model_kw, True)
+
+
+def make_bert_cased(directory: str, texts: Sequence[str], vocab_size: int = 400, seed: int = 0,
+                    **model_kw) -> str:
+  """bert-base-cased's layout in `directory` (a small BertForMaskedLM); returns it."""
+  import transformers  # pylint: disable=import-outside-toplevel
+  os.makedirs(directory, exist_ok=True)
+  trained = tk.Tokenizer(tk.models.WordPiece(unk_token='[UNK]'))
+  trained.normalizer = tk.normalizers.BertNormalizer(lowercase=False, strip_accents=False)
+  trained.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
+  trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(BERT_SPECIALS),
+                                         continuing_subword_prefix='##', show_progress=False)
+  trained.train_from_iterator(list(texts), trainer)
+  vocab = trained.get_vocab()
+  tokenizer = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=False,
+                                             model_max_length=512)
+  _save_tokenizer(tokenizer, directory)
+  fields = _model_fields(model_kw, max_position_embeddings=64, type_vocab_size=2,
+                         layer_norm_eps=1e-12, hidden_act='gelu')
+  config = transformers.BertConfig(vocab_size=len(vocab), pad_token_id=0, **fields)
+  config._attn_implementation = 'eager'  # pylint: disable=protected-access
+  _save_model(directory, config, 'BertForMaskedLM', seed)
+  return directory
+
+
+def make_distilbert(directory: str, texts: Sequence[str], vocab_size: int = 400, seed: int = 0,
+                    **model_kw) -> str:
+  """distilbert-base-uncased's layout in `directory` (a small DistilBertForMaskedLM).
+
+  model_kw: DistilBertConfig fields (default 2 layers, width 32, 64 positions).
+  """
+  import transformers  # pylint: disable=import-outside-toplevel
+  os.makedirs(directory, exist_ok=True)
+  trained = tk.Tokenizer(tk.models.WordPiece(unk_token='[UNK]'))
+  trained.normalizer = tk.normalizers.BertNormalizer(lowercase=True)
+  trained.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
+  trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(BERT_SPECIALS),
+                                         continuing_subword_prefix='##', show_progress=False)
+  trained.train_from_iterator(list(texts), trainer)
+  vocab = trained.get_vocab()
+  tokenizer = transformers.DistilBertTokenizerFast(vocab=vocab, do_lower_case=True,
+                                                   model_max_length=512)
+  _save_tokenizer(tokenizer, directory)
+  fields = {'dim': 32, 'n_layers': 2, 'n_heads': 2, 'hidden_dim': 64,
+            'max_position_embeddings': 64, 'dropout': 0.0, 'attention_dropout': 0.0, **model_kw}
+  config = transformers.DistilBertConfig(vocab_size=len(vocab), pad_token_id=0, **fields)
+  config._attn_implementation = 'eager'  # pylint: disable=protected-access
+  _save_model(directory, config, 'DistilBertForMaskedLM', seed)
+  return directory
+
+
 MAKERS = {'bert': make_bert, 'roberta': make_roberta, 'modern': make_modernbert}
+# More published layouts, each exported as its own class and tokenizer (tests/test_layouts.py).
+MORE_MAKERS = {'bert-cased': make_bert_cased, 'xlm-roberta': make_xlm_roberta,
+               'camembert': make_camembert, 'distilbert': make_distilbert}
 
 
 def sample_texts(num_docs: int = 300) -> list[str]:

@@ -241,7 +241,7 @@ def test_unknown_and_unreadable_checkpoints_are_named(checkpoints, tmp_path):
     hf.checkpoint_model_fields(str(tmp_path))
   (tmp_path / 'config.json').write_text(json.dumps({'model_type': 'gpt2'}))
   with pytest.raises(ValueError, match=r"model_type='gpt2' is not supported \(only 'bert', "
-                     r"'roberta', 'xlm-roberta', 'modernbert'\)"):
+                     r"'distilbert', 'roberta', 'xlm-roberta', 'camembert', 'modernbert'\)"):
     hf.checkpoint_model_fields(str(tmp_path))
   with open(os.path.join(checkpoints['roberta'], 'config.json')) as f:
     config = json.load(f)

@@ -31,9 +31,10 @@ from mlm_jax.data import paths
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer_base as tok_lib
 
-# The files of a Hugging Face tokenizer directory that are carried along.
+# The files of a Hugging Face tokenizer directory that are carried along (an export
+# writes them back: XLM-R's and CamemBERT's slow tokenizers read sentencepiece.bpe.model).
 FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.txt',
-         'vocab.json', 'merges.txt', 'added_tokens.json')
+         'vocab.json', 'merges.txt', 'added_tokens.json', 'sentencepiece.bpe.model')
 _FALLBACK_NAMES = {
     'pad': ('[PAD]', '<pad>'), 'unk': ('[UNK]', '<unk>'), 'cls': ('[CLS]', '<s>'),
     'sep': ('[SEP]', '</s>'), 'mask': ('[MASK]', '<mask>'),

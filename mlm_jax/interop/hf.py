@@ -1,11 +1,15 @@
 """Hugging Face interop: weights, config and tokenizer in `transformers`' layout.
 
-Variant 'bert' converts to and from `BertForMaskedLM` and variant 'roberta'
-to and from `RobertaForMaskedLM` (also reading XLM-R's, which has the same
-tensors), both below; variant 'modern' to and from `ModernBertForMaskedLM`
-(modernbert.py). Each is a layout.Format, picked by config.model.variant or
-config.json's model_type. Exports write the architecture of the variant,
-with the special-token ids of the run's tokenizer.
+Variant 'bert' converts to and from `BertForMaskedLM` (and, with
+type_vocab_size 0, `DistilBertForMaskedLM`: distilbert.py) and variant
+'roberta' to and from `RobertaForMaskedLM`, `XLMRobertaForMaskedLM` and
+`CamembertForMaskedLM` (the same tensors), below; variant 'modern' to and
+from `ModernBertForMaskedLM` (modernbert.py). Each is a layout.Format, picked
+by config.json's model_type on import. An export writes the Format of the
+model and its tokenizer (`export_format`): RoBERTa's three share a variant,
+and the tokenizer decides which one transformers must build (AutoTokenizer
+picks its class from config.json's model_type), with the special-token ids
+of the run's tokenizer.
 
 Our parameter tree and a `BertForMaskedLM` state dict hold the same numbers in
 different layouts (shapes: d hidden, N heads, H = d / N, F MLP width, V the
@@ -57,6 +61,7 @@ from mlm_jax import model as model_lib
 from mlm_jax.data import hf_tokenizer
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.interop import distilbert
 from mlm_jax.interop import modernbert
 from mlm_jax.interop.layout import Format
 from mlm_jax.interop.layout import Tensor
@@ -83,13 +88,15 @@ def require(module: str):
 # ------------------------------------------------------------------- config
 
 
-def to_hf_config(cfg: model_lib.ModelConfig, specials: tok_lib.Specials) -> dict[str, Any]:
-  """Our model shape -> the `config.json` dict of its variant's Hugging Face model.
+def to_hf_config(cfg: model_lib.ModelConfig, specials: tok_lib.Specials,
+                 fmt: Format | None = None) -> dict[str, Any]:
+  """Our model shape -> the `config.json` dict of its Hugging Face model.
 
   `specials`: the run's tokenizer's, whose ids become pad/bos/eos/cls/sep/mask_token_id
-  (RoBERTa's position offset follows its pad id).
+  (RoBERTa's position offset follows its pad id). `fmt`: the architecture written (None:
+  the model's own, `model_format`); it must hold the model's tensors.
   """
-  return _format(cfg).to_config(cfg, specials)
+  return _checked(cfg, fmt).to_config(cfg, specials)
 
 
 def _bert_family_config(cfg: model_lib.ModelConfig, specials: tok_lib.Specials,
@@ -382,26 +389,59 @@ def _bert_format(name: str, cls: str, variant: str, model_type: str, names: _Ber
       head_tensor=f'{names.transform}.weight',
       embedding_tensor=f'{names.encoder}.embeddings.word_embeddings.weight',
       decoder_tensor=f'{names.decoder}.weight',
-      # Looked up when called: the Format itself, once FORMATS holds it.
-      to_config=lambda cfg, specials: _bert_family_config(cfg, specials, FORMATS[variant]),
-      fields=lambda hf: _bert_family_fields(hf, FORMATS[variant]),
+      # Looked up when called: the Format itself, once _BY_MODEL_TYPE holds it.
+      to_config=lambda cfg, specials: _bert_family_config(cfg, specials,
+                                                          _BY_MODEL_TYPE[model_type]),
+      fields=lambda hf: _bert_family_fields(hf, _BY_MODEL_TYPE[model_type]),
       input_names=input_names, **kwargs)
 
 
 BERT = _bert_format('BERT', 'Bert', 'bert', 'bert', _BERT_NAMES,
                     ('input_ids', 'token_type_ids', 'attention_mask'))
-# RoBERTa's position ids start after padding_idx (its pad id): rows 0..pad_id
-# are never read by real tokens. XLM-R's checkpoints have the same tensors and config.
+DISTILBERT = distilbert.FORMAT
+
+
+def _roberta_offset(pad_id: int | None) -> int:
+  """RoBERTa's position ids start after padding_idx (its pad id): rows 0..pad_id are never
+  read by real tokens."""
+  return (1 if pad_id is None else pad_id) + 1
+
+
+# XLM-R and CamemBERT: RoBERTa's tensors and config keys under their own model_type, with a
+# sentencepiece tokenizer (XLMRobertaTokenizer, CamembertTokenizer) that AutoTokenizer
+# builds only for their model_type. Variant 'roberta' reads all three (also_reads).
 ROBERTA = _bert_format('RoBERTa', 'Roberta', 'roberta', 'roberta', _ROBERTA_NAMES,
-                       ('input_ids', 'attention_mask'), also_reads=('xlm-roberta',),
-                       position_offset=lambda pad_id: (1 if pad_id is None else pad_id) + 1)
-# By config.model.variant.
+                       ('input_ids', 'attention_mask'), also_reads=('xlm-roberta', 'camembert'),
+                       position_offset=_roberta_offset)
+XLM_ROBERTA = _bert_format('XLM-RoBERTa', 'XLMRoberta', 'roberta', 'xlm-roberta', _ROBERTA_NAMES,
+                           ('input_ids', 'attention_mask'), position_offset=_roberta_offset)
+CAMEMBERT = _bert_format('CamemBERT', 'Camembert', 'roberta', 'camembert', _ROBERTA_NAMES,
+                         ('input_ids', 'attention_mask'), position_offset=_roberta_offset)
+# By config.model.variant: the architecture of a model whose tokenizer names no other.
 FORMATS = {f.variant: f for f in (BERT, ROBERTA, modernbert.FORMAT)}
-_BY_MODEL_TYPE = {t: f for f in FORMATS.values() for t in f.model_types}
+# By config.json's model_type, in the order messages list them.
+_BY_MODEL_TYPE = {f.model_type: f for f in (BERT, DISTILBERT, ROBERTA, XLM_ROBERTA, CAMEMBERT,
+                                            modernbert.FORMAT)}
+
+
+def model_format(cfg: model_lib.ModelConfig) -> Format:
+  """The Format whose tensors the model has: its variant's, DistilBERT's without token types."""
+  if cfg.variant == 'bert' and cfg.type_vocab_size == 0:
+    return DISTILBERT
+  return FORMATS[cfg.variant]
 
 
 def _format(cfg: model_lib.ModelConfig) -> Format:
-  return FORMATS[cfg.variant]
+  return model_format(cfg)
+
+
+def _checked(cfg: model_lib.ModelConfig, fmt: Format | None) -> Format:
+  """`fmt`, or the model's Format; ValueError if `fmt` names other tensors than the model's."""
+  own = model_format(cfg)
+  if fmt is not None and (fmt.variant, fmt is DISTILBERT) != (own.variant, own is DISTILBERT):
+    raise ValueError(f'A {own.name} model (variant {cfg.variant!r}, type_vocab_size '
+                     f'{cfg.type_vocab_size}) has no {fmt.architecture} form.')
+  return own if fmt is None else fmt
 
 
 def _weight_files(hf_dir: str) -> list[str]:
@@ -531,16 +571,19 @@ def load_hf_params(hf_dir: str, model_cfg: model_lib.ModelConfig,
 
 
 def save_model(out_dir: str, params: Params, cfg: model_lib.ModelConfig,
-               specials: tok_lib.Specials) -> None:
+               specials: tok_lib.Specials, fmt: Format | None = None) -> None:
   """Writes config.json and model.safetensors that `AutoModelForMaskedLM.from_pretrained` loads.
 
-  As the variant's BertForMaskedLM, RobertaForMaskedLM or ModernBertForMaskedLM, with
-  config vocab_size = cfg.vocab_size rows and `specials`' ids (the run's tokenizer's).
+  As `fmt` (None: the model's own, `model_format`: BertForMaskedLM, DistilBertForMaskedLM,
+  RobertaForMaskedLM or ModernBertForMaskedLM; mlm_export.export_format picks XLM-R's or
+  CamemBERT's by the tokenizer), with config vocab_size = cfg.vocab_size rows and
+  `specials`' ids (the run's tokenizer's).
   """
   numpy_io = require('safetensors.numpy')
+  config = to_hf_config(cfg, specials, fmt)  # Refuses a model `fmt` cannot hold, first.
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, 'config.json'), 'w') as f:
-    json.dump(to_hf_config(cfg, specials), f, indent=2)
+    json.dump(config, f, indent=2)
   # transformers refuses safetensors files without format metadata.
   numpy_io.save_file(to_hf_state_dict(params, cfg, specials.pad),
                      os.path.join(out_dir, _SAFETENSORS), metadata={'format': 'pt'})
@@ -550,18 +593,20 @@ def save_model(out_dir: str, params: Params, cfg: model_lib.ModelConfig,
 
 
 def save_tokenizer(out_dir: str, tokenizer: tok_lib.Tokenizer, model_max_length: int,
-                   variant: str = 'bert') -> None:
+                   variant: str = 'bert', fmt: Format | None = None) -> None:
   """Writes the tokenizer files `AutoTokenizer.from_pretrained(out_dir)` loads, giving our ids.
 
   A sentencepiece tokenizer: tokenizer.json (hf_tokenizer), tokenizer_config.json and the
-  sentencepiece model itself. A Hugging Face one (HFTokenizer): its own files, byte for byte
-  as it read them (with the tokens add_tokens added); tokenizer_config.json is rewritten only
-  to add model_max_length where it has none, and model_input_names where the tokenizer class
-  is the generic one (whose default names include token_type_ids) and the model takes none. `variant`: the model it
-  encodes for (RoBERTa and ModernBERT take no token_type_ids).
+  sentencepiece model itself. A Hugging Face one (HFTokenizer): every file it read (vocab,
+  merges, sentencepiece.bpe.model, ...), byte for byte (with the tokens add_tokens added).
+  Its tokenizer_config.json gains a key only where transformers could not use the export
+  without it: model_input_names, where no tokenizer class is named but the generic one
+  (whose default names include token_type_ids, which RoBERTa's, DistilBERT's and
+  ModernBERT's forward refuse) and the model takes no token types. `fmt` (else
+  FORMATS[variant]): the architecture it encodes for.
   """
   os.makedirs(out_dir, exist_ok=True)
-  input_names = list(FORMATS[variant].input_names)
+  input_names = list((fmt or FORMATS[variant]).input_names)
   if not isinstance(tokenizer, sp_tokenizer.SentencePieceTokenizer):  # Its own files.
     tokenizer.save(out_dir)
     path = os.path.join(out_dir, 'tokenizer_config.json')
@@ -569,16 +614,12 @@ def save_tokenizer(out_dir: str, tokenizer: tok_lib.Tokenizer, model_max_length:
     if os.path.exists(path):
       with open(path) as f:
         config = json.load(f)
-    missing = {'model_max_length': model_max_length}
-    # The generic class's default input names include token_type_ids; a model's own
-    # tokenizer class (RobertaTokenizer, ...) knows its names.
-    generic = config.get('tokenizer_class', 'PreTrainedTokenizerFast') == 'PreTrainedTokenizerFast'
-    if generic and 'token_type_ids' not in input_names:
-      missing['model_input_names'] = input_names
-    missing = {k: v for k, v in missing.items() if k not in config}
-    if missing:
+    # Without a tokenizer_config.json, AutoTokenizer builds config.json's model_type's own
+    # class, which knows its input names.
+    generic = config.get('tokenizer_class') == 'PreTrainedTokenizerFast'
+    if generic and 'token_type_ids' not in input_names and 'model_input_names' not in config:
       with open(path, 'w') as f:
-        json.dump({**config, **missing}, f, indent=2)
+        json.dump({**config, 'model_input_names': input_names}, f, indent=2)
     return
   hf_tokenizer.from_sentencepiece(tokenizer).save(os.path.join(out_dir, 'tokenizer.json'))
   # The sentencepiece model itself: a later run started from this directory

@@ -2,15 +2,19 @@
 
 Writes, from the parameters, ModelConfig and tokenizer of a masked LM:
 
-  OUT/config.json             the config of config.model.variant's architecture:
-                              BertForMaskedLM, RobertaForMaskedLM or
+  OUT/config.json             the config of the model's architecture
+                              (export_format): BertForMaskedLM,
+                              DistilBertForMaskedLM (no token types),
+                              RobertaForMaskedLM, XLMRobertaForMaskedLM or
+                              CamembertForMaskedLM (by the tokenizer), or
                               ModernBertForMaskedLM, with the special-token ids of
                               the run's tokenizer and vocab_size its table's rows
   OUT/model.safetensors       the weights, vocabulary padding rows dropped
   OUT/tokenizer.json ...      a sentencepiece tokenizer as a tokenizers Unigram (plus
                               tokenizer_config.json and tokenizer.model); a Hugging
                               Face tokenizer (e.g. that of a published checkpoint the
-                              run started from) as its own files, with added words
+                              run started from) as its own files, byte for byte
+                              (sentencepiece.bpe.model included), with added words
 
 so that `AutoModelForMaskedLM`, `AutoTokenizer` and `pipeline('fill-mask')`
 load it offline. `corrected_params` applies `embedding_correction` to the
@@ -24,6 +28,7 @@ and calls it, so that interop imports nothing from training.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -32,11 +37,45 @@ import ml_collections
 import numpy as np
 
 from mlm_jax import model as model_lib
+from mlm_jax.data import hf_tokenizer
 from mlm_jax.data import masking
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop import hf
+from mlm_jax.interop import layout
 
 Params = dict[str, Any]
+
+# The Formats an export may write for each variant's model besides FORMATS[variant]: by
+# the tokenizer class transformers must build for the run's tokenizer.
+_BY_TOKENIZER_CLASS = {'XLMRobertaTokenizer': hf.XLM_ROBERTA,
+                       'CamembertTokenizer': hf.CAMEMBERT}
+# CamemBERT's vocabulary begins with fairseq's unused <s>NOTUSED and </s>NOTUSED.
+_CAMEMBERT_TOKEN = '<s>NOTUSED'
+
+
+def export_format(cfg: model_lib.ModelConfig, tokenizer: tok_lib.Tokenizer) -> layout.Format:
+  """The architecture an export of this model and tokenizer writes.
+
+  The model's own Format, except that a RoBERTa-encoder model with an XLM-R or
+  CamemBERT tokenizer is written as XLMRobertaForMaskedLM or CamembertForMaskedLM:
+  transformers builds those tokenizers (sentencepiece pieces) only for their
+  model_type, and a RobertaTokenizer over their vocabulary splits text into
+  characters. The tokenizer's kind is read from its tokenizer_config.json's
+  tokenizer_class, or, where it names none (the hub's xlm-roberta-base has
+  no tokenizer_config.json), from its vocabulary: a sentencepiece (Unigram)
+  one is XLM-R's, or CamemBERT's where it holds <s>NOTUSED.
+  """
+  own = hf.model_format(cfg)
+  if own is not hf.ROBERTA or not isinstance(tokenizer, hf_tokenizer.HFTokenizer):
+    return own
+  config = json.loads(tokenizer.files.get('tokenizer_config.json', b'{}'))
+  named = config.get('tokenizer_class')
+  if named:
+    return _BY_TOKENIZER_CLASS.get(named.removesuffix('Fast'), own)
+  if tokenizer.kind == 'unigram':
+    camembert = _CAMEMBERT_TOKEN in tokenizer.files.get('tokenizer.json', b'').decode()
+    return hf.CAMEMBERT if camembert else hf.XLM_ROBERTA
+  return own
 
 
 def embedding_correction(embedding: np.ndarray, *, select_rate: float, mask_prob: float,
@@ -102,5 +141,7 @@ def write(out_dir: str, params: Params, model_cfg: model_lib.ModelConfig,
           tokenizer: tok_lib.Tokenizer) -> None:
   """Writes the Hugging Face directory `out_dir`: config, weights and tokenizer."""
   require_extras()
-  hf.save_model(out_dir, params, model_cfg, tokenizer.specials)
-  hf.save_tokenizer(out_dir, tokenizer, model_cfg.max_position_embeddings, model_cfg.variant)
+  # XLM-R's and CamemBERT's tokenizers go with their own model_type (export_format).
+  fmt = export_format(model_cfg, tokenizer)
+  hf.save_model(out_dir, params, model_cfg, tokenizer.specials, fmt)
+  hf.save_tokenizer(out_dir, tokenizer, model_cfg.max_position_embeddings, fmt=fmt)

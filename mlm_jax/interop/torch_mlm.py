@@ -53,7 +53,7 @@ class TorchMLM:
     if use_gpu:
       # JAX's default float32 matmul precision on GPUs uses TF32; let torch do the same.
       torch.set_float32_matmul_precision('high')
-    fmt = hf_lib.FORMATS[model_cfg.variant]
+    fmt = hf_lib.model_format(model_cfg)  # DistilBERT for a BERT without token types.
     fields = {**fmt.to_config(model_cfg, specials), 'vocab_size': model_cfg.padded_vocab_size}
     fields.pop('architectures')
     if model_cfg.variant == 'modern':

@@ -56,8 +56,9 @@ class Embeddings(nn.Module):
       x += position_table.embedding[:input_ids.shape[1]].astype(x.dtype)
     else:
       x += position_table(positions)
-    x += nn.Embed(cfg.type_vocab_size, cfg.hidden_size,
-                  embedding_init=dense_init(cfg, (TABLE, EMBED)), name='segment')(segment_ids)
+    if cfg.type_vocab_size:  # 0: no token types (DistilBERT), no table to add.
+      x += nn.Embed(cfg.type_vocab_size, cfg.hidden_size,
+                    embedding_init=dense_init(cfg, (TABLE, EMBED)), name='segment')(segment_ids)
     x = layer_norm(cfg, 'layer_norm')(batch_split(x))
     return self.ops.dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 

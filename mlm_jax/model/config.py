@@ -49,7 +49,7 @@ class ModelConfig:
   num_heads: int
   intermediate_size: int
   max_position_embeddings: int
-  type_vocab_size: int
+  type_vocab_size: int       # 0: no token-type table (DistilBERT); segment ids are then unread.
   dropout_rate: float
   attention_dropout_rate: float
   initializer_range: float
@@ -140,7 +140,11 @@ def check_config(model: ml_collections.ConfigDict) -> None:
   require(model.hidden_size % model.num_heads == 0,
           f'config.model.hidden_size={model.hidden_size} is not divisible by '
           f'config.model.num_heads={model.num_heads}.')
-  require(model.type_vocab_size >= 1, 'config.model.type_vocab_size must be at least 1.')
+  # 0: no token-type table at all (DistilBERT's layout, which only the BERT encoder
+  # exports as); RoBERTa's and ModernBERT's layouts have one table or none to write.
+  require(model.type_vocab_size >= 1 or (model.type_vocab_size == 0 and model.variant == 'bert'),
+          f'config.model.type_vocab_size={model.type_vocab_size}: must be at least 1, or 0 (no '
+          "token types, DistilBERT's layout) with variant='bert'.")
   for name in ('dropout_rate', 'attention_dropout_rate'):
     require(0.0 <= model[name] < 1.0, f'config.model.{name}={model[name]} must be in [0, 1).')
   one_of('model', 'dtype', model.dtype, DTYPES)
