@@ -116,6 +116,15 @@ def test_ema_is_evaluated_checkpointed_and_exported(ema_run, tmp_path):
   assert all(changed)  # The average moved, and lags the weights.
   run = workdir_lib.export_hf(workdir, str(tmp_path / 'hf'), ema=True)
   assert run.step == 8
+  transformers = pytest.importorskip('transformers')
+  model, info = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / 'hf'),
+                                                                  output_loading_info=True)
+  assert not info['missing_keys'] and not info['unexpected_keys']
+  rows = run.tokenizer.vocab_size
+  (embedding,) = [x for path, x in jax.tree_util.tree_flatten_with_path(ema)[0]
+                  if "['token']['embedding']" in jax.tree_util.keystr(path)]
+  exported = model.get_input_embeddings().weight.detach().numpy()
+  np.testing.assert_array_equal(exported[:rows], embedding[:rows])  # The average, not params.
   ema_run_loaded = workdir_lib.load(workdir, ema=True)
   assert all(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
       np.array_equal, ema_run_loaded.params, ema)))
