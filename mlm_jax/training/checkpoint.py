@@ -315,9 +315,9 @@ def restore_params(directory: str, step: int | None = None,
     tree = manager.item_metadata(step)['state'].tree
     if item not in tree:
       raise FileNotFoundError(
-          f'checkpoint {step} of {directory} holds no {item} (its run had '
-          'config.train.ema_decay=0): export its parameters without --ema, or train with '
-          'config.train.ema_decay > 0.')
+          f'checkpoint {step} of {directory} holds no {item} (its run kept no moving average: '
+          'config.train.ema_decay was 0, or it was written by `average`): export its '
+          'parameters without --ema, or train with config.train.ema_decay > 0.')
     saved = tree[item]
     target = {item: jax.tree_util.tree_map(
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), saved)}
