@@ -246,6 +246,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.decay_fraction = 0.2
   # 'wsd': shape of that decay, 'linear' (Cramming) or '1-sqrt' (ModernBERT).
   config.train.decay_shape = 'linear'
+  # 'adamw', or 'stable_adamw' (ModernBERT's: AdamW whose learning rate is
+  # divided, per tensor, by max(1, RMS of g / sqrt(v_hat)): no step explodes
+  # when a gradient outgrows Adam's estimate of it). Both read the fields below.
+  config.train.optimizer = 'adamw'
   # AdamW decoupled weight decay (not applied to biases and LayerNorm).
   config.train.weight_decay = 0.01
   # Adam beta1.
@@ -256,6 +260,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.adam_eps = 1e-6
   # Clip gradients to this global norm (0 disables clipping).
   config.train.grad_clip_norm = 1.0
+  # Decay of an exponential moving average of the parameters, kept beside them
+  # (checkpointed, evaluated as ema_* at each evaluation, exported with
+  # `export --ema`); in [0, 1), e.g. 0.999. 0 = no average (no memory, no cost).
+  config.train.ema_decay = 0.0
   # Log train metrics every this many steps.
   config.train.log_every = 100
   # Evaluate on the validation split every this many steps (and at the end).

@@ -10,7 +10,9 @@ mlm_jax/interop/mlm_export.py;
 under the run's masking. From a fine-tuning's output (finetune's --out), the
 variant's ForSequenceClassification (classify, pair, regress) or
 ForTokenClassification (tag) with its labels, see mlm_jax/finetuning/classifier_export.py.
---step picks a checkpoint (default: the latest).
+--step picks a checkpoint (default: the latest); --ema writes the run's
+exponential moving average of the parameters (config.train.ema_decay > 0)
+instead of the parameters.
 """
 
 from __future__ import annotations
@@ -38,9 +40,15 @@ _CORRECTION = flags.DEFINE_bool(
     'embedding_correction', False, 'Replace each token embedding by its expectation under '
     "the run's masking recipe (see mlm_jax/interop/mlm_export.py).")
 
+_EMA = flags.DEFINE_bool('ema', False, "Export the run's moving average of the parameters "
+                         '(trained with config.train.ema_decay > 0) instead of the parameters.')
+
 
 def main() -> None:
   if _MODEL.value:
+    if _EMA.value:
+      raise configuration.ConfigError('--ema applies to a masked LM (--workdir), not to a '
+                                      'fine-tuned model (--model).')
     if _CORRECTION.value:
       raise configuration.ConfigError('--embedding_correction applies to a masked LM (--workdir), not to a '
                        'fine-tuned model (--model).')
@@ -49,8 +57,10 @@ def main() -> None:
     print(f'exported step {model.step} of {model.out_dir} ({model.task}, '
           f'{len(model.labels or [0])} outputs) as {architecture} to {os.path.abspath(_OUT.value)}')
     return
-  run = workdir_lib.export_hf(_WORKDIR.value, _OUT.value, _STEP.value, _CORRECTION.value)
-  note = ' with embedding correction' if _CORRECTION.value else ''
+  run = workdir_lib.export_hf(_WORKDIR.value, _OUT.value, _STEP.value, _CORRECTION.value,
+                              ema=_EMA.value)
+  note = ' (its moving average)' if _EMA.value else ''
+  note += ' with embedding correction' if _CORRECTION.value else ''
   print(f'exported step {run.step} of {run.workdir}{note} to {os.path.abspath(_OUT.value)}')
 
 

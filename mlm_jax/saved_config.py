@@ -25,6 +25,8 @@ ADDED_FIELDS = {
     'data.tfds_export': False,
     'model.document_mask': False,
     'model.restart_positions': False,
+    'train.ema_decay': 0.0,
+    'train.optimizer': 'adamw',
 }
 
 

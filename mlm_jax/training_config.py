@@ -18,6 +18,8 @@ from mlm_jax.config_check import require
 SCHEDULES = ('linear', 'wsd', 'one_cycle')
 # config.train.decay_shape: how a 'wsd' schedule decays.
 DECAY_SHAPES = ('linear', '1-sqrt')
+# config.train.optimizer: the optimizers of training/optimizer.py.
+OPTIMIZERS = ('adamw', 'stable_adamw')
 
 
 def check_train(train: ml_collections.ConfigDict) -> None:
@@ -34,6 +36,10 @@ def check_train(train: ml_collections.ConfigDict) -> None:
   # warmup_steps > num_steps is allowed: a short trial run of a long config.
   require(train.warmup_steps >= 0, f'config.train.warmup_steps={train.warmup_steps} must be >= 0.')
   check_optimizer(train)
+  one_of('train', 'optimizer', train.optimizer, OPTIMIZERS)
+  require(0 <= train.ema_decay < 1,
+          f'config.train.ema_decay={train.ema_decay} must be in [0, 1) (0: no average; '
+          'e.g. 0.999).')
   # The one-cycle peak must fall inside the run for the cycle to exist.
   require(train.schedule != 'one_cycle' or train.warmup_steps < train.num_steps,
           f"config.train.schedule='one_cycle' needs warmup_steps={train.warmup_steps} < "

@@ -75,13 +75,14 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
   example = state_lib.example_batch(config.data.seq_len, config.masking.max_predictions, pairs)
+  ema_decay = config.train.ema_decay
   abstract_state, state_sh, init = state_lib.sharded_state_init(model, tx, init_rng, example,
-                                                                mesh)
+                                                                mesh, ema=ema_decay > 0)
   chains = platform_ops.concurrent_chains(config.train, mesh.size, platform)
   train_step = jax.jit(
       sharding.traced_on(step_lib.make_train_step(
           optimizer.learning_rate_schedule(config.train), config.train.grad_accum_steps,
-          config.sentence_pair.loss_weight, chains, baseline_token, platform), mesh),
+          config.sentence_pair.loss_weight, chains, baseline_token, platform, ema_decay), mesh),
       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0,
       compiler_options=platform_ops.train_compiler_options(platform, chains))
   eval_step = jax.jit(sharding.traced_on(step_lib.make_eval_step(baseline_token, platform), mesh),

@@ -266,14 +266,38 @@ def check_meta(saved: dict, expected: dict, where: str) -> None:
 
 
 def _tree(state: Any) -> dict:
-  return {'step': state.step, 'params': state.params, 'opt_state': state.opt_state}
+  tree = {'step': state.step, 'params': state.params, 'opt_state': state.opt_state}
+  if getattr(state, 'ema_params', None) is not None:  # Only where kept: old checkpoints read.
+    tree['ema_params'] = state.ema_params
+  return tree
 
 
-def restore_params(directory: str, step: int | None = None) -> tuple[int, Any, dict]:
+def save_weights(directory: str, step: int, params: Any, meta: dict) -> None:
+  """Writes checkpoint `step` holding only the step and `params` (host arrays) and `meta`, in
+  the layout a run's checkpoints have, so restore_params (export, fine-tuning,
+  config.init.workdir) reads it; a run cannot resume from it (no optimizer state)."""
+  manager = ocp.CheckpointManager(
+      os.path.abspath(directory),
+      item_handlers={'state': ocp.StandardCheckpointHandler(),
+                     'meta': ocp.JsonCheckpointHandler()},
+      options=ocp.CheckpointManagerOptions(create=True))
+  try:
+    manager.save(step, force=True, args=ocp.args.Composite(
+        state=ocp.args.StandardSave({'step': np.asarray(step, np.int32), 'params': params}),
+        meta=ocp.args.JsonSave(meta)))
+    manager.wait_until_finished()
+  finally:
+    manager.close()
+
+
+def restore_params(directory: str, step: int | None = None,
+                   item: str = 'params') -> tuple[int, Any, dict]:
   """(step, params as host numpy arrays, meta) of a checkpoint, for inference and export.
 
   Reads only the parameters (not the optimizer state) and needs neither the
   train state nor the devices the run was sharded over. `step` None: the latest.
+  `item` 'ema_params': the run's average of them instead (FileNotFoundError in
+  one line where the run kept none).
   """
   directory = os.path.abspath(directory)
   if not os.path.isdir(directory):
@@ -288,8 +312,14 @@ def restore_params(directory: str, step: int | None = None) -> tuple[int, Any, d
     if step not in steps:
       raise FileNotFoundError(
           f'no checkpoint of step {step} in {directory} (steps: {sorted(steps)})')
-    saved = manager.item_metadata(step)['state'].tree['params']
-    target = {'params': jax.tree_util.tree_map(
+    tree = manager.item_metadata(step)['state'].tree
+    if item not in tree:
+      raise FileNotFoundError(
+          f'checkpoint {step} of {directory} holds no {item} (its run kept no moving average: '
+          'config.train.ema_decay was 0, or it was written by `average`): export its '
+          'parameters without --ema, or train with config.train.ema_decay > 0.')
+    saved = tree[item]
+    target = {item: jax.tree_util.tree_map(
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), saved)}
     restore_args = jax.tree_util.tree_map(
         lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)  # Host arrays.
@@ -298,7 +328,7 @@ def restore_params(directory: str, step: int | None = None) -> tuple[int, Any, d
         meta=ocp.args.JsonRestore()))
   finally:
     manager.close()
-  return step, restored['state']['params'], restored['meta']
+  return step, restored['state'][item], restored['meta']
 
 
 def disk_error(error: OSError) -> str | None:

@@ -43,6 +43,21 @@ def evaluate(eval_step: Any, state: Any, data: prepared.PreparedData, masker: ma
   return result
 
 
+def evaluate_with_ema(eval_step: Any, state: Any, data: prepared.PreparedData,
+                      masker: masking.Masker, eval_config: ml_collections.ConfigDict,
+                      sentence_pair: str, mesh) -> dict[str, Any]:
+  """`evaluate`'s figures of the live weights, and where the state keeps an average of them
+  (config.train.ema_decay > 0) the same figures of the average, prefixed `ema_`, on the
+  same batches and masks: the two are compared like for like."""
+  result = evaluate(eval_step, state, data, masker, eval_config, sentence_pair, mesh)
+  if getattr(state, 'ema_params', None) is None:
+    return result
+  # The average in the params' place: same tree and shardings, so the step does not recompile.
+  averaged = evaluate(eval_step, state.replace(params=state.ema_params), data, masker,
+                      eval_config, sentence_pair, mesh)
+  return result | {f'ema_{k}': v for k, v in averaged.items() if k != 'baseline_token'}
+
+
 def _sums(eval_step: Any, state: Any, source: Any, masker: masking.Masker,
           eval_config: ml_collections.ConfigDict, sentence_pair: str, mesh,
           global_batch: int) -> dict[str, float]:

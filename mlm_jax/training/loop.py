@@ -37,6 +37,7 @@ from mlm_jax.training import mixture_run
 from mlm_jax.training import preemption
 from mlm_jax.training import profiling
 from mlm_jax.training import report as report_lib
+from mlm_jax.training import state as state_lib
 from mlm_jax.training import summary
 from mlm_jax.training import workdir as workdir_lib
 
@@ -101,8 +102,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       if final or step % train.log_every == 0:  # A stop logs too: a resume knows the tokens.
         log.write(step)
       if step == train.num_steps or step % train.eval_every == 0:
-        last_eval = heldout.evaluate(built.eval_step, state, data, masker, config.eval,
-                                          config.sentence_pair.task, mesh)
+        last_eval = heldout.evaluate_with_ema(built.eval_step, state, data, masker,
+                                              config.eval, config.sentence_pair.task, mesh)
         log.write_eval(step, last_eval)
       if final or checkpointer.should_save(step):
         # Never save a diverged state: a NaN loss means NaN parameters.
@@ -171,6 +172,7 @@ def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
     logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
   elif config.init.hf_dir or config.init.workdir:
     state = init_from.initial_state(state, config, built.model_cfg, data.added_tokens())
+    state = state_lib.ema_from_params(state)  # The average starts at the loaded weights.
   return state, start_step
 
 

@@ -1,4 +1,5 @@
-"""The optimizer: learning-rate schedules, AdamW with its weight-decay mask, gradient clipping.
+"""The optimizer: learning-rate schedules, AdamW or StableAdamW with its weight-decay mask,
+gradient clipping.
 
 Pretraining (training/build.py) and fine-tuning (finetuning/step.py) both
 build their optimizer here, from the fields of a config.train section;
@@ -7,7 +8,7 @@ mlm_jax/training_config.py holds their allowed values and checks them for both.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +72,8 @@ SCHEDULES = training_config.SCHEDULES
 assert tuple(_SCHEDULES) == SCHEDULES, 'training_config.SCHEDULES names the schedules here'
 # config.train.decay_shape: how 'wsd' falls from the peak to 0.
 DECAY_SHAPES = training_config.DECAY_SHAPES
+# config.train.optimizer: 'adamw' or 'stable_adamw' (make_optimizer).
+OPTIMIZERS = training_config.OPTIMIZERS
 
 
 def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
@@ -87,9 +90,58 @@ def weight_decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
+class _UpdateRmsClipState(NamedTuple):
+  inner: optax.OptState
+
+
+def clip_by_update_rms(inner: optax.GradientTransformation, b2: float,
+                       eps: float) -> optax.GradientTransformation:
+  """StableAdamW's clip (Wortsman et al., 2023; ModernBERT): each tensor's update of `inner`
+  (optax.scale_by_adam, possibly chained with the decoupled weight decay) divided by
+  max(1, RMS), RMS = sqrt(mean(g^2 / max(v_hat, eps^2))) over that tensor.
+
+  g is this step's gradient, v_hat Adam's second moment after this step (in
+  `inner`'s state, its `nu` and `count`) bias-corrected with `b2`, the beta2
+  `inner` was built with. Dividing the
+  update is dividing that tensor's learning rate, decay included: where a
+  gradient is far larger than Adam's running estimate of it (the moment
+  that makes Adam's step explode), the step stays an RMS of 1.
+  """
+  def init(params):
+    return _UpdateRmsClipState(inner.init(params))
+
+  def update(grads, state, params=None):
+    updates, inner_state = inner.update(grads, state.inner, params)
+    adam = [s for s in jax.tree_util.tree_leaves(
+        inner_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+            if isinstance(s, optax.ScaleByAdamState)]
+    assert len(adam) == 1, 'clip_by_update_rms wraps one optax.scale_by_adam'
+    nu, count = adam[0].nu, adam[0].count
+    correction = 1 - b2 ** count.astype(jnp.float32)
+
+    def clipped(u, g, v):
+      v_hat = v / correction
+      rms = jnp.sqrt(jnp.mean(jnp.square(g) / jnp.maximum(v_hat, eps * eps)))
+      return u / jnp.maximum(1.0, rms).astype(u.dtype)
+    return (jax.tree_util.tree_map(clipped, updates, grads, nu),
+            _UpdateRmsClipState(inner_state))
+
+  return optax.GradientTransformation(init, update)
+
+
+def _stable_adamw(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """AdamW whose per-tensor learning rate is divided by max(1, RMS) (clip_by_update_rms)."""
+  adam_and_decay = optax.chain(
+      optax.scale_by_adam(b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps),
+      optax.add_decayed_weights(train.weight_decay, weight_decay_mask))
+  return optax.chain(clip_by_update_rms(adam_and_decay, train.adam_b2, train.adam_eps),
+                     optax.scale_by_learning_rate(learning_rate_schedule(train)))
+
+
 def make_optimizer(train: ml_collections.ConfigDict,
                    platform: str | None = None) -> optax.GradientTransformation:
-  """Clipping by the global norm, then AdamW on config.train's schedule.
+  """Clipping by the global norm, then AdamW (or StableAdamW, config.train.optimizer) on
+  config.train's schedule.
 
   `platform` is where the step that applies it runs (default: JAX's backend
   here); it picks the form of the clipping (platform_ops), never its result
@@ -98,7 +150,11 @@ def make_optimizer(train: ml_collections.ConfigDict,
   # The chain keeps one shape whatever the settings, so a run can be resumed
   # with clipping switched off (an infinite threshold never clips).
   clip = train.grad_clip_norm if train.grad_clip_norm > 0 else float('inf')
+  clip_norm = platform_ops.for_platform(platform).clip_by_global_norm(clip)
+  # Fine-tuning's config.train has no optimizer field: AdamW.
+  if train.get('optimizer', 'adamw') == 'stable_adamw':
+    return optax.chain(clip_norm, _stable_adamw(train))
   return optax.chain(
-      platform_ops.for_platform(platform).clip_by_global_norm(clip),
+      clip_norm,
       optax.adamw(learning_rate_schedule(train), b1=train.adam_b1, b2=train.adam_b2,
                   eps=train.adam_eps, weight_decay=train.weight_decay, mask=weight_decay_mask))

@@ -24,7 +24,14 @@ Batch = dict[str, Array]
 
 
 class TrainState(train_state.TrainState):
-  """step, params, opt_state (+ static apply_fn and tx)."""
+  """step, params, opt_state, ema_params (+ static apply_fn and tx).
+
+  ema_params: the exponential moving average of the parameters
+  (config.train.ema_decay > 0), of the params' tree, dtypes and shardings;
+  None when there is none, which leaves the state's tree, its checkpoints and
+  the step exactly as they are without it.
+  """
+  ema_params: Any = None
 
 
 def batch_spec(batch_size: int, seq_len: int, max_predictions: int,
@@ -61,21 +68,31 @@ def example_batch(seq_len: int, max_predictions: int, sentence_pair: bool = Fals
 
 
 def _boxed_state(model: flax.linen.Module, tx: optax.GradientTransformation,
-                 rng: Array, example_batch: Batch) -> TrainState:
-  """A fresh state whose parameters and Adam moments still carry their logical axis names."""
+                 rng: Array, example_batch: Batch, ema: bool = False) -> TrainState:
+  """A fresh state whose parameters and Adam moments still carry their logical axis names;
+  with `ema`, an average of the parameters that starts at them (named like them)."""
   params = model.init(rng, example_batch, deterministic=True)['params']
-  return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+  state = TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+  return state.replace(ema_params=params) if ema else state
+
+
+def ema_from_params(state: TrainState) -> TrainState:
+  """The state with its average restarted at its parameters (new buffers: the step donates
+  both); as it is when it keeps no average. For weights loaded into a fresh state."""
+  if state.ema_params is None:
+    return state
+  return state.replace(ema_params=jax.tree_util.tree_map(jnp.copy, state.params))
 
 
 def create_state(model: flax.linen.Module, tx: optax.GradientTransformation,
-                 rng: Array, example_batch: Batch) -> TrainState:
+                 rng: Array, example_batch: Batch, ema: bool = False) -> TrainState:
   """A fresh state of plain arrays, on the default device (tests, small tools)."""
-  return flax.linen.unbox(_boxed_state(model, tx, rng, example_batch))
+  return flax.linen.unbox(_boxed_state(model, tx, rng, example_batch, ema))
 
 
 def sharded_state_init(model: flax.linen.Module, tx: optax.GradientTransformation,
-                       rng: Array, example_batch: Batch,
-                       mesh) -> tuple[TrainState, Any, Callable[[], TrainState]]:
+                       rng: Array, example_batch: Batch, mesh,
+                       ema: bool = False) -> tuple[TrainState, Any, Callable[[], TrainState]]:
   """(abstract state, its shardings, init): the state's layout, and how to make it.
 
   The abstract state has jax.ShapeDtypeStruct leaves that carry their
@@ -83,9 +100,10 @@ def sharded_state_init(model: flax.linen.Module, tx: optax.GradientTransformatio
   state under jit straight into those shardings: parameters and optimizer
   moments split on the mesh by their logical axis names (see
   sharding.LOGICAL_RULES), so no device ever holds the whole state when
-  fsdp > 1. The state has plain arrays (no logical boxes).
+  fsdp > 1. The state has plain arrays (no logical boxes). With `ema`, the
+  state keeps an average of the parameters, sharded like them.
   """
-  boxed = lambda r: _boxed_state(model, tx, r, example_batch)
+  boxed = lambda r: _boxed_state(model, tx, r, example_batch, ema)
   shardings = sharding.state_shardings(jax.eval_shape(boxed, rng), mesh)
   shapes = jax.eval_shape(lambda r: flax.linen.unbox(boxed(r)), rng)
   abstract = jax.tree_util.tree_map(
@@ -95,7 +113,8 @@ def sharded_state_init(model: flax.linen.Module, tx: optax.GradientTransformatio
 
 
 def create_sharded_state(model: flax.linen.Module, tx: optax.GradientTransformation,
-                         rng: Array, example_batch: Batch, mesh) -> tuple[TrainState, Any]:
+                         rng: Array, example_batch: Batch, mesh,
+                         ema: bool = False) -> tuple[TrainState, Any]:
   """(state, its shardings): initialised under jit straight into its sharding."""
-  _, shardings, init = sharded_state_init(model, tx, rng, example_batch, mesh)
+  _, shardings, init = sharded_state_init(model, tx, rng, example_batch, mesh, ema)
   return init(), shardings

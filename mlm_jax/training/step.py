@@ -39,7 +39,7 @@ def split_rows(batch: Batch, k: int) -> Batch:
 def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
                     sentence_pair_weight: float = 1.0, chains: int = 1,
                     baseline_token: int = objective.NO_BASELINE,
-                    platform: str | None = None) -> Callable:
+                    platform: str | None = None, ema_decay: float = 0.0) -> Callable:
   """Returns train_step(state, batch, rng) -> (state, metrics); jit it with donation.
 
   The objective is sum(w * CE) / |M| with |M| = sum(masked_weights) over the
@@ -66,6 +66,10 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
   (PreparedData.most_frequent_token(); objective.NO_BASELINE where none is
   known). `platform` is the one the step is compiled for (default: JAX's
   backend here); it picks the form of the accuracy's argmax (platform_ops).
+
+  With `ema_decay` > 0 (the state then keeps ema_params), the average moves
+  toward the updated parameters: ema = decay * ema + (1 - decay) * params,
+  in the parameters' dtype. With 0 the step is the same program as without it.
   """
   argmax = platform_ops.for_platform(platform).argmax
 
@@ -110,6 +114,9 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
       zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params), zero_terms)
       (grads, terms), _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(k)))
     new_state = state.apply_gradients(grads=grads)
+    if ema_decay > 0:
+      new_state = new_state.replace(ema_params=jax.tree_util.tree_map(
+          lambda e, p: ema_decay * e + (1 - ema_decay) * p, state.ema_params, new_state.params))
     metrics = {
         'loss': terms['loss_sum'] / denom,
         'mlm_accuracy': terms['correct_sum'] / denom,

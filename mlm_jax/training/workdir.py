@@ -122,8 +122,9 @@ class TrainedRun:
   tokenizer: tok_lib.Tokenizer
 
 
-def load(workdir: str, step: int | None = None) -> TrainedRun:
-  """Config, tokenizer and the parameters of checkpoint `step` (None: the latest)."""
+def load(workdir: str, step: int | None = None, ema: bool = False) -> TrainedRun:
+  """Config, tokenizer and the parameters of checkpoint `step` (None: the latest); with `ema`,
+  the average of the parameters the run kept (config.train.ema_decay > 0) instead."""
   workdir = os.path.abspath(workdir)
   config_path = os.path.join(workdir, 'config.json')
   if not os.path.exists(config_path):
@@ -134,7 +135,8 @@ def load(workdir: str, step: int | None = None) -> TrainedRun:
   model_cfg = model_lib.ModelConfig.from_config(
       config.model, resolved.vocab_size, resolved.padded_vocab_size, jnp.float32,
       platform=model_lib.local_platform(), sentence_pair_head=config.sentence_pair.task != 'none')
-  step, params, meta = ckpt_lib.restore_params(checkpoint_dir(workdir), step)
+  step, params, meta = ckpt_lib.restore_params(checkpoint_dir(workdir), step,
+                                               'ema_params' if ema else 'params')
   ckpt_lib.check_meta(meta, model_cfg.shape_record(), f'{step} of {workdir}')
   recorded = _recorded_tokenizer(workdir)
   if recorded is None:
@@ -144,16 +146,17 @@ def load(workdir: str, step: int | None = None) -> TrainedRun:
 
 
 def export_hf(workdir: str, out_dir: str, step: int | None = None,
-              apply_embedding_correction: bool = False) -> TrainedRun:
+              apply_embedding_correction: bool = False, ema: bool = False) -> TrainedRun:
   """Writes checkpoint `step` (None: the latest) of the run in `workdir` as a Hugging Face
   masked LM in `out_dir` (interop/mlm_export.py); returns the run it was made from.
+  `ema`: the run's average of the parameters (config.train.ema_decay) instead of them.
 
   apply_embedding_correction: each token embedding replaced by its expectation
   under the run's masking (mlm_export.embedding_correction), with the unigram
   counts of the data dir the run trained on where its masking drew by them.
   """
   mlm_export.require_extras()  # Fail before any work, naming the extra to install.
-  run = load(workdir, step)
+  run = load(workdir, step, ema)
   params = run.params
   if apply_embedding_correction:
     params = mlm_export.corrected_params(params, run.model_cfg, run.tokenizer,
