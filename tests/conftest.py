@@ -80,6 +80,32 @@ def prepared(corpus_glob, tmp_path_factory):
   return config, prepare.prepare(config)
 
 
+@pytest.fixture(scope='session')
+def micro_run(prepared, corpus_glob, tmp_path_factory) -> str:
+  """The workdir of a micro BERT pretraining run (8 steps) on the prepared data.
+
+  Shared by the tests that start from a trained run (fine-tuning, export): they read it and
+  write elsewhere, so it stays as training left it.
+  """
+  from mlm_jax.training import loop as trainer
+  config = micro_config(corpus_glob, prepared[0].data.data_dir)
+  workdir = str(tmp_path_factory.mktemp('micro_run'))
+  trainer.train_and_evaluate(config, workdir)
+  return workdir
+
+
+@pytest.fixture(scope='session')
+def modern_micro_run(prepared, corpus_glob, tmp_path_factory) -> str:
+  """The workdir of a micro run of variant 'modern' (as_modern: a local window narrower than
+  the rows), trained 4 steps and saved at step 4; read-only, as micro_run."""
+  from mlm_jax.training import loop as trainer
+  config = as_modern(micro_config(corpus_glob, prepared[0].data.data_dir))
+  config.train.num_steps, config.train.eval_every, config.train.checkpoint_every = 4, 4, 4
+  workdir = str(tmp_path_factory.mktemp('modern_micro_run'))
+  trainer.train_and_evaluate(config, workdir)
+  return workdir
+
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 _CACHE_DIR_OWNED: str | None = None

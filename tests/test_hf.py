@@ -210,13 +210,10 @@ def test_embedding_correction_by_hand():
 
 
 @pytest.fixture(scope='module')
-def exported(prepared, corpus_glob, tmp_path_factory):
-  """A micro model trained 8 steps, exported: (run, export dir)."""
-  config = micro_config(corpus_glob, prepared[0].data.data_dir)
-  workdir = str(tmp_path_factory.mktemp('hf_run'))
-  trainer.train_and_evaluate(config, workdir)
+def exported(micro_run, tmp_path_factory):
+  """A micro model trained 8 steps (conftest's shared run), exported: (run, export dir)."""
   out = str(tmp_path_factory.mktemp('hf_export'))
-  return export_lib.export(workdir, out), out
+  return export_lib.export(micro_run, out), out
 
 
 @pytest.mark.slow
