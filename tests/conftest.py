@@ -1,6 +1,9 @@
-"""Test set-up: 8 fake CPU devices (set before jax is imported) and small fixtures."""
+"""Test set-up: 8 fake CPU devices (set before jax is imported), a compilation cache shared by
+the session and the commands it starts, and small fixtures."""
 
 import os
+import shutil
+import tempfile
 
 # A subprocess started by a test (its config file imports this module) keeps
 # the device count the test gave it.
@@ -8,6 +11,10 @@ if '--xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', '
   os.environ['XLA_FLAGS'] = ' '.join(
       [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# Every compiled program is worth keeping: most tests and commands compile the same micro
+# model's programs again, and reading one back takes a fraction of compiling it on a CPU.
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '-1')
 
 import pathlib  # noqa: E402
 
@@ -84,7 +91,57 @@ def prepared(corpus_glob, tmp_path_factory):
   return config, prepare.prepare(config)
 
 
+@pytest.fixture(scope='session')
+def micro_run(prepared, corpus_glob, tmp_path_factory) -> str:
+  """The workdir of a micro BERT pretraining run (8 steps) on the prepared data.
+
+  Shared by the tests that start from a trained run (fine-tuning, export): they read it and
+  write elsewhere, so it stays as training left it.
+  """
+  config = micro_config(corpus_glob, prepared[0].data.data_dir)
+  workdir = str(tmp_path_factory.mktemp('micro_run'))
+  run_training(config, workdir)
+  return workdir
+
+
+@pytest.fixture(scope='session')
+def modern_micro_run(prepared, corpus_glob, tmp_path_factory) -> str:
+  """The workdir of a micro run of variant 'modern' (as_modern: a local window narrower than
+  the rows), trained 4 steps and saved at step 4; read-only, as micro_run."""
+  config = as_modern(micro_config(corpus_glob, prepared[0].data.data_dir))
+  config.train.num_steps, config.train.eval_every, config.train.checkpoint_every = 4, 4, 4
+  workdir = str(tmp_path_factory.mktemp('modern_micro_run'))
+  run_training(config, workdir)
+  return workdir
+
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
+
+_CACHE_DIR_OWNED: str | None = None
+
+
+def pytest_configure(config) -> None:
+  """JAX's persistent compilation cache in a directory of this session's own (removed at its
+  end), named in the environment so that the commands the tests start share it.
+
+  A directory the caller named in JAX_COMPILATION_CACHE_DIR is used and kept as it is. The
+  cache changes no result: an entry is the executable the same program compiles to.
+  """
+  global _CACHE_DIR_OWNED
+  if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    _CACHE_DIR_OWNED = tempfile.mkdtemp(prefix='mlm_jax_test_jit_cache_')
+    os.environ['JAX_COMPILATION_CACHE_DIR'] = _CACHE_DIR_OWNED
+  import jax  # Read its flags from the environment when first imported; set them in case not.
+  jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
+  jax.config.update('jax_persistent_cache_min_compile_time_secs',
+                    float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes',
+                    int(os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES']))
+
+
+def pytest_unconfigure(config) -> None:
+  if _CACHE_DIR_OWNED is not None:
+    shutil.rmtree(_CACHE_DIR_OWNED, ignore_errors=True)
 
 
 def model_config(vocab_size: int = 300, padded_vocab_size: int = 384, **fields):

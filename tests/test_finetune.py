@@ -20,9 +20,6 @@ from mlm_jax.finetuning import loop
 from mlm_jax.finetuning import model_dir
 from mlm_jax.finetuning import predict as predict_lib
 from mlm_jax.finetuning import scores
-from tests.conftest import as_modern
-from tests.conftest import micro_config
-from tests.conftest import run_training
 
 # Words the stdlib-docstring tokenizer knows; MARKER decides the label.
 WORDS = ('the', 'file', 'returns', 'list', 'value', 'string', 'object', 'function', 'name',
@@ -70,12 +67,9 @@ def _pair_rows(seed: int, n: int) -> list[dict]:
 
 
 @pytest.fixture(scope='module')
-def pretrained(prepared, corpus_glob, tmp_path_factory):
-  """A micro BERT pretraining run (8 steps): its workdir."""
-  config = micro_config(corpus_glob, prepared[0].data.data_dir)
-  workdir = str(tmp_path_factory.mktemp('pretrained'))
-  run_training(config, workdir)
-  return workdir
+def pretrained(micro_run):
+  """A micro BERT pretraining run (8 steps): its workdir (conftest's, shared)."""
+  return micro_run
 
 
 def _config(**train):
@@ -160,13 +154,9 @@ def test_predict_writes_a_label_and_probabilities_per_row(classified, tmp_path):
 
 
 @pytest.fixture(scope='module')
-def pretrained_modern(prepared, corpus_glob, tmp_path_factory):
+def pretrained_modern(modern_micro_run):
   """A micro ModernBERT pretraining run (4 steps; a local window narrower than the rows)."""
-  config = as_modern(micro_config(corpus_glob, prepared[0].data.data_dir))
-  config.train.num_steps, config.train.eval_every, config.train.checkpoint_every = 4, 4, 4
-  workdir = str(tmp_path_factory.mktemp('pretrained_modern'))
-  run_training(config, workdir)
-  return workdir
+  return modern_micro_run
 
 
 @pytest.fixture(scope='module')

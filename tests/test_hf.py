@@ -214,13 +214,10 @@ def test_embedding_correction_by_hand():
 
 
 @pytest.fixture(scope='module')
-def exported(prepared, corpus_glob, tmp_path_factory):
-  """A micro model trained 8 steps, exported: (run, export dir)."""
-  config = micro_config(corpus_glob, prepared[0].data.data_dir)
-  workdir = str(tmp_path_factory.mktemp('hf_run'))
-  run_training(config, workdir)
+def exported(micro_run, tmp_path_factory):
+  """A micro model trained 8 steps (conftest's shared run), exported: (run, export dir)."""
   out = str(tmp_path_factory.mktemp('hf_export'))
-  return workdir_lib.export_hf(workdir, out), out
+  return workdir_lib.export_hf(micro_run, out), out
 
 
 @pytest.mark.slow

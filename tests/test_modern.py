@@ -23,10 +23,7 @@ from mlm_jax.data import sp_tokenizer
 from mlm_jax.model import config as config_lib
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
-from tests.conftest import as_modern
-from tests.conftest import micro_config
 from tests.conftest import model_config
-from tests.conftest import run_training
 
 SPECIALS = sp_tokenizer.SPECIALS  # Ids 0-4: the layout of the tokenizers trained here.
 V, T = 300, 32  # A vocabulary that is not a multiple of 128: the model has padding rows.
@@ -140,7 +137,8 @@ def test_bert_parameter_tree_is_unchanged():
 
 
 def test_modern_parameters_have_no_biases_and_fsdp_splits_every_matrix():
-  boxed = model_lib.mlm_model(_cfg()).init(jax.random.key(0), _batch())['params']
+  # Shapes and axis names only: eval_shape computes no parameter.
+  boxed = jax.eval_shape(model_lib.mlm_model(_cfg()).init, jax.random.key(0), _batch())['params']
   axes = jax.tree_util.tree_map(lambda x: x.names, boxed,
                                 is_leaf=lambda x: isinstance(x, nn.Partitioned))
   names = jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda x: isinstance(x, tuple))
@@ -400,14 +398,12 @@ def test_export_loads_as_modernbert_with_our_logits_and_round_trips(attn_impleme
 
 
 @pytest.fixture(scope='module')
-def exported_run(prepared, corpus_glob, tmp_path_factory):
-  """A micro run of variant 'modern' (a local layer with a window < T), trained and exported."""
+def exported_run(tmp_path_factory, request):
+  """A micro run of variant 'modern' (a local layer with a window < T), trained (conftest's
+  shared run) and exported."""
   from mlm_jax.training import workdir as workdir_lib
   _transformers()
-  config = as_modern(micro_config(corpus_glob, prepared[0].data.data_dir))
-  config.train.num_steps, config.train.eval_every, config.train.checkpoint_every = 4, 4, 4
-  workdir = str(tmp_path_factory.mktemp('modern_run'))
-  run_training(config, workdir)
+  workdir = request.getfixturevalue('modern_micro_run')   # Trained only where transformers is.
   out = str(tmp_path_factory.mktemp('modern_export'))
   return workdir_lib.export_hf(workdir, out), out
 

@@ -34,8 +34,11 @@ def _require_compilers(*names: str) -> None:
 
 def _preflight(*args: str, tmp_path) -> tuple[int, str, dict]:
   out = tmp_path / 'preflight.json'
+  # Without the session's compilation cache: an executable compiled for a TPU or GPU target
+  # cannot be loaded back on this CPU (each try is a warning and a compile again).
+  env = dict(os.environ, JAX_ENABLE_COMPILATION_CACHE='false')
   proc = subprocess.run([sys.executable, '-m', 'mlm_jax.preflight', *args, f'--json_out={out}'],
-                        cwd=REPO, capture_output=True, text=True, timeout=1500)
+                        cwd=REPO, capture_output=True, text=True, timeout=1500, env=env)
   report = json.loads(out.read_text()) if out.exists() else {}
   return proc.returncode, proc.stdout + proc.stderr, report
 
