@@ -315,3 +315,94 @@ def test_sizing_table_is_written_from_its_json_and_names_the_cells_still_missing
   assert '| large | 512 | h100 | 1 | does not fit at 1 row |' in table
   assert f'Not computed yet ({len(sizing.cells()) - 2} of {len(sizing.cells())} cells' in table
   assert 'base-512@v4-32' in table and 'base-128@v4-32,' not in table
+
+
+# ------------------------------------------------- the largest batch that fits
+
+
+def _fake_check(memory_of_rows, usable=16 * 2**30, budget=60.0, unit=1, seq_len=128):
+  """A Preflight whose compiles are a memory model: bytes per device of `rows` rows."""
+  from configs import bert_tiny
+  from mlm_jax.perf import preflight
+  config = bert_tiny.get_config()
+  config.data.seq_len = seq_len
+  config.train.grad_accum_steps = unit
+  check = preflight.Preflight.__new__(preflight.Preflight)
+  check.config, check.target = config, targets.parse('v5litepod-1')
+  check.usable_memory, check.log = usable, lambda s: None
+  check.search_budget_s, check._search_spent = budget, 0.0
+  compiled = []
+
+  def compile(overrides=None, step='train'):
+    rows = (overrides or {})['train.batch_size' if step == 'train' else 'eval.batch_size']
+    compiled.append(rows)
+    total = int(memory_of_rows(rows))
+    return preflight.StepFigures(
+        step=step, global_batch=rows, per_device_batch=rows, grad_accum_steps=unit, fsdp=1,
+        memory={'total': total, 'state': 2**30, 'program': 0}, usable_memory=usable,
+        compile_s=0.0, flops=None, flops_source='', hlo={}, xla_cost={})
+
+  check.compile = compile
+  return check, compiled
+
+
+@pytest.mark.parametrize('memory', [
+    lambda rows: 3 * 2**30 + rows * 9 * 2**20,                     # linear
+    lambda rows: 3 * 2**30 + rows ** 0.93 * 14 * 2**20,            # buffers reused: slower
+    lambda rows: 3 * 2**30 + rows * 9 * 2**20 + (rows > 900) * 2**30,  # a step at 900 rows
+])
+def test_largest_batch_is_found_in_a_few_compiles_and_is_the_largest_that_fits(memory):
+  check, compiled = _fake_check(memory)
+  limit = 0.9 * check.usable_memory
+  search = check.largest_batch({'train.batch_size': 131072})
+  assert search.compiles == len(compiled) <= 4 and not search.stopped, compiled
+  best = search.best.per_device_batch
+  assert memory(best) <= limit
+  # The largest multiple of 8 rows that fits, within the stated 5%.
+  assert memory(int(best * 1.05 / 8 + 1) * 8) > limit or memory(best) > 0.95 * limit, compiled
+
+
+def test_a_spent_search_budget_stops_after_the_two_small_compiles_with_its_bounds():
+  from mlm_jax.perf import preflight
+  check, compiled = _fake_check(lambda rows: 3 * 2**30 + rows ** 0.9 * 20 * 2**20, budget=0.0)
+  check._search_spent = 1.0
+  search = check.largest_batch({'train.batch_size': 131072},
+                               refused=check.compile({'train.batch_size': 131072}))
+  assert compiled == [131072, 16, 32] and search.compiles == 2
+  assert search.best.per_device_batch == 32 and search.too_big == 131072
+  assert 32 < search.predicted < 131072 and 'search_budget_s' in search.stopped
+  line = preflight._search_line(search.as_dict())
+  assert ('2 compiles' in line and '32 rows per device fit (compiled)' in line
+          and f'predicts {search.predicted} (not compiled)' in line
+          and '131072 do not fit' in line), line
+
+
+def test_the_search_keeps_micro_batches_whole():
+  check, compiled = _fake_check(lambda rows: 2**30 + rows // 4 * 40 * 2**20, unit=4)
+  search = check.largest_batch({'train.batch_size': 4096, 'train.grad_accum_steps': 4})
+  assert compiled[:2] == [64, 128] and all(rows % 4 == 0 for rows in compiled)
+  assert search.best.per_device_batch % 4 == 0
+
+
+@pytest.mark.slow
+def test_an_oversized_batch_gets_a_compiled_suggestion_in_a_few_compiles():
+  """The real compiler: a batch far too large, a fitting one found in at most 4 compiles."""
+  _require_compilers('v5litepod-1')
+  from configs import bert_tiny
+  from mlm_jax.perf import preflight
+  config = bert_tiny.get_config()
+  config.train.batch_size, config.eval.batch_size = 65536, 16
+  check = preflight.Preflight(config, targets.parse('v5litepod-1'))
+  check.usable_memory = 256 * 2**20      # A small chip: the batch at its limit compiles fast.
+  compiled = []
+  compile = check.compile
+  check.compile = lambda overrides=None, step='train': compiled.append(overrides) or compile(
+      overrides, step)
+  first = check.compile()
+  search = check.largest_batch(first.overrides(), refused=first)
+  assert not first.fits and search.compiles <= 4, compiled
+  best = search.best
+  assert best.fits and best.total > 0.5 * 0.9 * check.usable_memory
+  rows = best.per_device_batch
+  # One compile more than the suggestion (10%, in whole 8s) does not fit.
+  assert not compile({'train.batch_size': int(rows * 1.1 / 8 + 1) * 8}).fits
