@@ -406,3 +406,17 @@ def test_an_oversized_batch_gets_a_compiled_suggestion_in_a_few_compiles():
   rows = best.per_device_batch
   # One compile more than the suggestion (10%, in whole 8s) does not fit.
   assert not compile({'train.batch_size': int(rows * 1.1 / 8 + 1) * 8}).fits
+
+
+def test_suggestions_left_uncompiled_by_the_budget_say_so():
+  from mlm_jax.perf import preflight
+  check, compiled = _fake_check(lambda rows: 3 * 2**30 + rows * 9 * 2**20, budget=0.0)
+  check._search_spent = 1.0
+  first = check.compile({'train.batch_size': 131072})
+  search, changes = check.suggestions(first)
+  assert len(compiled) == 3 and search.stopped      # The refused step and the two small ones.
+  (what, largest), (accumulate, uncompiled) = changes
+  assert largest.per_device_batch == 32 and largest.fits
+  assert 'micro-batches of 32 rows' in accumulate and uncompiled is None
+  entry = preflight._suggestion(accumulate, uncompiled, check._changed)
+  assert entry['fits'] is None and entry['figures'] is None

@@ -20,8 +20,10 @@ least 10% free; FLOPs per step from the compiler next to flops.py's count;
 on TPU the compiler's own per-operation cycle estimates as a step time,
 tokens/s and MFU (always labelled an estimate); on GPU whether attention
 compiled to cuDNN's fused kernel. When the step does not fit it compiles the
-changes that would make it fit (the largest per-device batch, fsdp, gradient
-accumulation) and prints those that do. Exit status: 0 fits, 1 does not fit
+changes that would make it fit (the largest per-device batch, predicted from
+two small compiles and confirmed by one more; fsdp; gradient accumulation)
+and prints those that do, within a budget of compile time
+(--search_budget_s) after which it prints the best bounds found so far. Exit status: 0 fits, 1 does not fit
 (or asked for cuDNN attention and did not get it), 2 bad input.
 
 Needs `pip install -e '.[aot]'` (libtpu and XLA's CUDA compiler).
