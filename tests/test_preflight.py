@@ -420,3 +420,12 @@ def test_suggestions_left_uncompiled_by_the_budget_say_so():
   assert 'micro-batches of 32 rows' in accumulate and uncompiled is None
   entry = preflight._suggestion(accumulate, uncompiled, check._changed)
   assert entry['fits'] is None and entry['figures'] is None
+
+
+def test_when_the_small_compiles_do_not_fit_the_search_goes_down_to_one_row():
+  check, compiled = _fake_check(lambda rows: 15 * 2**30 + rows * 2**20)
+  assert check.largest_batch({'train.batch_size': 4096}).best is None
+  assert compiled == [16, 1]
+  check, compiled = _fake_check(lambda rows: 14 * 2**30 + rows * 40 * 2**20)
+  search = check.largest_batch({'train.batch_size': 4096})
+  assert compiled[:2] == [16, 1] and search.best.per_device_batch in (9, 10), compiled

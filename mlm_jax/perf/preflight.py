@@ -23,8 +23,9 @@ compiled to cuDNN's fused kernel. When the step does not fit it compiles the
 changes that would make it fit (the largest per-device batch, predicted from
 two small compiles and confirmed by one more; fsdp; gradient accumulation)
 and prints those that do, within a budget of compile time
-(--search_budget_s) after which it prints the best bounds found so far. Exit status: 0 fits, 1 does not fit
-(or asked for cuDNN attention and did not get it), 2 bad input.
+(--search_budget_s) after which it prints the best bounds found so far.
+Exit status: 0 fits, 1 does not fit (or asked for cuDNN attention and did
+not get it), 2 bad input.
 
 Needs `pip install -e '.[aot]'` (libtpu and XLA's CUDA compiler).
 """
@@ -210,18 +211,21 @@ class Preflight:
 
     Memory per device is close to linear in the rows: a + b * rows (the
     state, gradients and program do not grow; activations do, a little
-    slower than linearly as the compiler reuses buffers). Two compiles at
-    small batches (`_calibration_rows` per device and twice it) give the
-    line; its prediction of the batch at the limit is
-    compiled to confirm it. Each later guess comes from the line through the
-    two latest compiles (the secant, which steps down by the fitted slope
-    when a guess does not fit), kept inside the bracket of batches known to
-    fit and not to fit. The search ends when a batch fits within 5% of the
-    limit, when the bracket is within 5%, or when the search budget
-    (`search_budget_s` of compiles, shared by every search of this
-    pre-flight) is spent: the two small compiles always run, later ones
-    only while budget is left. `refused`: a compile of the same step that
-    did not fit (the config's own), an upper bound that costs nothing more.
+    slower than linearly as the compiler reuses buffers, and at a few rows
+    not at all). Two compiles at small batches (`_calibration_rows` per
+    device and twice it) give the line; its prediction of the batch at the
+    limit is compiled to confirm it. Once a batch is known not to fit (the
+    config's own, `refused`: the TPU compiler refuses it in seconds, with the
+    memory it needs), a guess comes from the line through the largest batch
+    that fits and the smallest that does not (regula falsi); a guess that
+    did not fit steps down by the smaller of that slope and the small
+    compiles' own. Guesses stay inside the bracket and are whole
+    micro-batches (multiples of 8 of them once large). The search ends when
+    the next guess is within 5% of a batch that fits (or no whole guess is
+    left inside the bracket), or when the search budget (`search_budget_s` of compiles, shared by every
+    search of this pre-flight) is spent: the two small compiles always run,
+    later ones only while budget is left. `best` is None when not even one
+    row per micro-batch fits.
     """
     overrides = dict(overrides or {})
     config = _with_overrides(self.config, overrides)
@@ -254,7 +258,11 @@ class Preflight:
       if search.too_big is not None and rows >= search.too_big:
         break
       compile_rows(rows)
-    while len(points) >= 2:
+    if search.best is None and search.too_big is not None and search.too_big > unit:
+      compile_rows(unit)                             # The smallest batch: does anything fit?
+    small_slope = (max((points[1][1] - points[0][1]) / (points[1][0] - points[0][0]), 1.0)
+                   if len(points) >= 2 and points[0][0] == first_rows else None)
+    while search.best is not None and (search.too_big is not None or len(points) >= 2):
       if search.best is not None and search.too_big is not None:
         # Between the bounds (regula falsi): the line through the largest batch that fits
         # and the smallest that does not, whose memory is on the line at large batches.
@@ -263,24 +271,18 @@ class Preflight:
       else:
         (b0, t0), (b1, t1) = points[-2:]
       per_row = max((t1 - t0) / (b1 - b0), 1.0)
-      if points[-1][1] > limit:
+      if points[-1][1] > limit and small_slope is not None:
         # The last guess did not fit: step down by the smaller of this slope and the small
         # compiles' own, so that memory that jumps between them (a buffer the compiler no
         # longer reuses) is stepped over in one compile.
-        (c0, s0), (c1, s1) = points[:2]
-        per_row = min(per_row, max((s1 - s0) / (c1 - c0), 1.0))
+        per_row = min(per_row, small_slope)
       guess = (limit - t1) / per_row + b1
       low = search.best.per_device_batch if search.best else 0
       if search.too_big is not None and not low < guess < search.too_big:
         guess = (low + search.too_big) / 2          # Outside the bracket: bisect it.
       guess = _round_batch(int(guess), unit)
-      if guess <= low or (search.too_big is not None and guess >= search.too_big):
-        break                                        # No multiple left between the bounds.
-      if search.best and search.best.total > 0.95 * limit:
-        break
-      if (search.best and search.too_big
-          and search.too_big - low <= 0.05 * low):
-        break
+      if guess <= 1.05 * low or (search.too_big is not None and guess >= search.too_big):
+        break          # Within 5% of a batch that fits, or no whole multiple left between.
       if self._search_spent >= self.search_budget_s:
         search.predicted = guess
         search.stopped = (f'the search budget of {self.search_budget_s:.0f} s of compiles was '
