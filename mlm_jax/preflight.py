@@ -29,7 +29,8 @@ flags.mark_flags_as_required(['target'])
 _SEARCH_BUDGET = flags.DEFINE_float(
     'search_budget_s', preflight.SEARCH_BUDGET_S,
     'When a step does not fit: seconds of compiles the search for what would fit may spend '
-    'after its two small compiles; when spent, the best bounds found are printed.')
+    'past its first three (two small ones and the prediction); when spent, the best '
+    'bounds found are printed.')
 _JSON_OUT = flags.DEFINE_string('json_out', '', 'Also write every figure to this JSON file.')
 
 

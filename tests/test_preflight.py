@@ -362,17 +362,19 @@ def test_largest_batch_is_found_in_a_few_compiles_and_is_the_largest_that_fits(m
   assert memory(int(best * 1.05 / 8 + 1) * 8) > limit or memory(best) > 0.95 * limit, compiled
 
 
-def test_a_spent_search_budget_stops_after_the_two_small_compiles_with_its_bounds():
+def test_a_spent_search_budget_stops_after_the_first_prediction_with_its_bounds():
   from mlm_jax.perf import preflight
-  check, compiled = _fake_check(lambda rows: 3 * 2**30 + rows ** 0.9 * 20 * 2**20, budget=0.0)
+  # Memory that grows faster at large batches than the small compiles say.
+  check, compiled = _fake_check(lambda rows: 3 * 2**30 + rows ** 1.1 * 8 * 2**20, budget=0.0)
   check._search_spent = 1.0
   search = check.largest_batch({'train.batch_size': 131072},
                                refused=check.compile({'train.batch_size': 131072}))
-  assert compiled == [131072, 16, 32] and search.compiles == 2
-  assert search.best.per_device_batch == 32 and search.too_big == 131072
-  assert 32 < search.predicted < 131072 and 'search_budget_s' in search.stopped
+  assert compiled[:3] == [131072, 16, 32] and search.compiles == 3
+  best = compiled[3]       # The line through 32 rows and the refused 8192 is conservative.
+  assert search.best.per_device_batch == best and search.too_big == 131072
+  assert best < search.predicted < 131072 and 'search_budget_s' in search.stopped
   line = preflight._search_line(search.as_dict())
-  assert ('2 compiles' in line and '32 rows per device fit (compiled)' in line
+  assert ('3 compiles' in line and f'{best} rows per device fit (compiled)' in line
           and f'predicts {search.predicted} (not compiled)' in line
           and '131072 do not fit' in line), line
 
@@ -414,10 +416,11 @@ def test_suggestions_left_uncompiled_by_the_budget_say_so():
   check._search_spent = 1.0
   first = check.compile({'train.batch_size': 131072})
   search, changes = check.suggestions(first)
-  assert len(compiled) == 3 and search.stopped      # The refused step and the two small ones.
+  # The refused step, the two small ones and the prediction, which fits: the search is done.
+  assert len(compiled) == 4 and not search.stopped
   (what, largest), (accumulate, uncompiled) = changes
-  assert largest.per_device_batch == 32 and largest.fits
-  assert 'micro-batches of 32 rows' in accumulate and uncompiled is None
+  assert largest.per_device_batch == 1296 and largest.fits
+  assert 'in 128 micro-batches of 1024 rows' in accumulate and uncompiled is None, accumulate
   entry = preflight._suggestion(accumulate, uncompiled, check._changed)
   assert entry['fits'] is None and entry['figures'] is None
 

@@ -42,8 +42,8 @@ from typing import Callable
 from mlm_jax.perf import targets
 
 HEADROOM = 0.10     # A step fits when it leaves at least this share of device memory free.
-# Seconds of compiles the searches for what would fit may spend (after their
-# two small compiles): about a minute, the time the TPU compiler takes to
+# Seconds of compiles the searches for what would fit may spend (past their
+# first three: two small ones and the prediction): about a minute, the time the TPU compiler takes to
 # refuse an oversized BERT-large.
 SEARCH_BUDGET_S = 60.0
 _REFERENCE_MATMUL = 4096  # Side of the bf16 matmul that calibrates the TPU cycle estimates.
@@ -223,8 +223,8 @@ class Preflight:
     micro-batches (multiples of 8 of them once large). The search ends when
     the next guess is within 5% of a batch that fits (or no whole guess is
     left inside the bracket), or when the search budget (`search_budget_s` of compiles, shared by every
-    search of this pre-flight) is spent: the two small compiles always run,
-    later ones only while budget is left. `best` is None when not even one
+    search of this pre-flight) is spent: the two small compiles and the
+    first prediction always run, later ones only while budget is left. `best` is None when not even one
     row per micro-batch fits.
     """
     overrides = dict(overrides or {})
@@ -283,7 +283,7 @@ class Preflight:
       guess = _round_batch(int(guess), unit)
       if guess <= 1.05 * low or (search.too_big is not None and guess >= search.too_big):
         break          # Within 5% of a batch that fits, or no whole multiple left between.
-      if self._search_spent >= self.search_budget_s:
+      if search.compiles > 2 and self._search_spent >= self.search_budget_s:
         search.predicted = guess
         search.stopped = (f'the search budget of {self.search_budget_s:.0f} s of compiles was '
                           'spent (--search_budget_s)')
