@@ -42,9 +42,9 @@ from typing import Callable
 from mlm_jax.perf import targets
 
 HEADROOM = 0.10     # A step fits when it leaves at least this share of device memory free.
-# Seconds of compiles the searches for what would fit may spend (past their
-# first three: two small ones and the prediction): about a minute, the time the TPU compiler takes to
-# refuse an oversized BERT-large.
+# Seconds of compiles the searches for what would fit may spend past their
+# first three (two small ones and the prediction): about a minute, the time
+# the TPU compiler takes to refuse an oversized BERT-large.
 SEARCH_BUDGET_S = 60.0
 _REFERENCE_MATMUL = 4096  # Side of the bf16 matmul that calibrates the TPU cycle estimates.
 
@@ -206,26 +206,23 @@ class Preflight:
   # ---------------------------------------------------------- suggestions
 
   def largest_batch(self, overrides: dict[str, Any] | None = None, step: str = 'train',
-                    refused: StepFigures | None = None) -> 'Search':
+                    refused: StepFigures | None = None) -> Search:
     """The largest per-device batch whose `step` fits (same accumulation and fsdp), compiled.
 
-    Memory per device is close to linear in the rows: a + b * rows (the
-    state, gradients and program do not grow; activations do, a little
-    slower than linearly as the compiler reuses buffers, and at a few rows
-    not at all). Two compiles at small batches (`_calibration_rows` per
-    device and twice it) give the line; its prediction of the batch at the
-    limit is compiled to confirm it. Once a batch is known not to fit (the
-    config's own, `refused`: the TPU compiler refuses it in seconds, with the
-    memory it needs), a guess comes from the line through the largest batch
-    that fits and the smallest that does not (regula falsi); a guess that
-    did not fit steps down by the smaller of that slope and the small
-    compiles' own. Guesses stay inside the bracket and are whole
-    micro-batches (multiples of 8 of them once large). The search ends when
-    the next guess is within 5% of a batch that fits (or no whole guess is
-    left inside the bracket), or when the search budget (`search_budget_s` of compiles, shared by every
-    search of this pre-flight) is spent: the two small compiles and the
-    first prediction always run, later ones only while budget is left. `best` is None when not even one
-    row per micro-batch fits.
+    Memory per device is close to linear in the rows: a + b * rows (the state, gradients and
+    program do not grow; activations do, a little slower than linearly as the compiler reuses
+    buffers, and at a few rows not at all). Two compiles at small batches (`_calibration_rows`
+    per device and twice it) give the line; its prediction of the batch at the limit is compiled
+    to confirm it. Once a batch is known not to fit (the config's own, `refused`: the TPU
+    compiler refuses it in seconds, with the memory it needs), a guess comes from the line
+    through the largest batch that fits and the smallest that does not (regula falsi); a guess
+    that did not fit steps down by the smaller of that slope and the small compiles' own.
+    Guesses stay inside the bracket and are whole micro-batches (multiples of 8 of them once
+    large). The search ends when the next guess is within 5% of a batch that fits (or no whole
+    guess is left inside the bracket), or when the search budget (`search_budget_s` of compiles,
+    shared by every search of this pre-flight) is spent: the two small compiles and the first
+    prediction always run, later ones only while budget is left. `best` is None when not even
+    one row per micro-batch fits.
     """
     overrides = dict(overrides or {})
     config = _with_overrides(self.config, overrides)
@@ -291,7 +288,8 @@ class Preflight:
       compile_rows(guess)
     return search
 
-  def suggestions(self, first: StepFigures) -> tuple['Search', list[tuple[str, StepFigures | None]]]:
+  def suggestions(self, first: StepFigures
+                  ) -> tuple[Search, list[tuple[str, StepFigures | None]]]:
     """Changes to a train step that does not fit; compiled ones that fit come first.
 
     A change left uncompiled because the search budget was spent is listed
