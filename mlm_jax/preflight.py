@@ -4,7 +4,7 @@ Compiles the run's train and eval steps for an accelerator target on this
 machine, without the accelerator, and says whether they fit:
 
   python -m mlm_jax.preflight --config=configs/base.py --target=h100x8 \
-      [--config.train.batch_size=512 ...] [--json_out=preflight.json]
+      [--config.train.batch_size=512 ...] [--search_budget_s=60] [--json_out=preflight.json]
 
 Exit status 0: fits; 1: does not fit, or asked for cuDNN attention and did
 not get it (with compiled suggestions that fit); 2: bad input. Needs
@@ -26,12 +26,18 @@ from mlm_jax.perf import targets
 _CONFIG = cli.config_flag()
 _TARGET = flags.DEFINE_string('target', None, 'Accelerator target: ' + '; '.join(targets.KNOWN))
 flags.mark_flags_as_required(['target'])
+_SEARCH_BUDGET = flags.DEFINE_float(
+    'search_budget_s', preflight.SEARCH_BUDGET_S,
+    'When a step does not fit: seconds of compiles the search for what would fit may spend '
+    'past its first three (two small ones and the prediction); when spent, the best '
+    'bounds found are printed.')
 _JSON_OUT = flags.DEFINE_string('json_out', '', 'Also write every figure to this JSON file.')
 
 
 def main() -> int:
   log = lambda s: print(s, file=sys.stderr, flush=True)
-  report = preflight.Preflight(_CONFIG.value, targets.parse(_TARGET.value), log).run()
+  report = preflight.Preflight(_CONFIG.value, targets.parse(_TARGET.value), log,
+                               search_budget_s=_SEARCH_BUDGET.value).run()
   report['command'] = shlex.join(['python', '-m', 'mlm_jax.preflight', *sys.argv[1:]])
   print(preflight.format_report(report), flush=True)
   if _JSON_OUT.value:

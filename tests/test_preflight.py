@@ -200,7 +200,9 @@ def test_asking_for_cudnn_with_attention_dropout_is_refused(tmp_path):
 @pytest.mark.slow
 def test_oversized_batch_is_refused_with_suggestions_that_fit(tmp_path):
   _require_compilers('h100')
-  args = ('--config=configs/bert_tiny.py', '--target=h100', '--config.train.batch_size=262144')
+  # Every suggestion compiled, however long the compiles take on this machine.
+  args = ('--config=configs/bert_tiny.py', '--target=h100', '--config.train.batch_size=262144',
+          '--search_budget_s=inf')
   code, output, r = _preflight(*args, tmp_path=tmp_path)
   assert code == 1 and not r['ok'] and not r['train']['fits'], output[-3000:]
   assert 'FAILED: the train step does not fit' in output
@@ -318,3 +320,124 @@ def test_sizing_table_is_written_from_its_json_and_names_the_cells_still_missing
   assert '| large | 512 | h100 | 1 | does not fit at 1 row |' in table
   assert f'Not computed yet ({len(sizing.cells()) - 2} of {len(sizing.cells())} cells' in table
   assert 'base-512@v4-32' in table and 'base-128@v4-32,' not in table
+
+
+# ------------------------------------------------- the largest batch that fits
+
+
+def _fake_check(memory_of_rows, usable=16 * 2**30, budget=60.0, unit=1, seq_len=128):
+  """A Preflight whose compiles are a memory model: bytes per device of `rows` rows."""
+  from configs import bert_tiny
+  from mlm_jax.perf import preflight
+  config = bert_tiny.get_config()
+  config.data.seq_len = seq_len
+  config.train.grad_accum_steps = unit
+  check = preflight.Preflight.__new__(preflight.Preflight)
+  check.config, check.target = config, targets.parse('v5litepod-1')
+  check.usable_memory, check.log = usable, lambda s: None
+  check.search_budget_s, check._search_spent = budget, 0.0
+  compiled = []
+
+  def compile(overrides=None, step='train'):
+    rows = (overrides or {})['train.batch_size' if step == 'train' else 'eval.batch_size']
+    compiled.append(rows)
+    total = int(memory_of_rows(rows))
+    return preflight.StepFigures(
+        step=step, global_batch=rows, per_device_batch=rows, grad_accum_steps=unit, fsdp=1,
+        memory={'total': total, 'state': 2**30, 'program': 0}, usable_memory=usable,
+        compile_s=0.0, flops=None, flops_source='', hlo={}, xla_cost={})
+
+  check.compile = compile
+  return check, compiled
+
+
+@pytest.mark.parametrize('memory', [
+    lambda rows: 3 * 2**30 + rows * 9 * 2**20,                     # linear
+    lambda rows: 3 * 2**30 + rows ** 0.93 * 14 * 2**20,            # buffers reused: slower
+    lambda rows: 3 * 2**30 + rows * 9 * 2**20 + (rows > 900) * 2**30,  # a step at 900 rows
+])
+def test_largest_batch_is_found_in_a_few_compiles_and_is_the_largest_that_fits(memory):
+  check, compiled = _fake_check(memory)
+  limit = 0.9 * check.usable_memory
+  search = check.largest_batch({'train.batch_size': 131072})
+  assert search.compiles == len(compiled) <= 4 and not search.stopped, compiled
+  best = search.best.per_device_batch
+  assert memory(best) <= limit
+  # The largest multiple of 8 rows that fits, within the stated 5%.
+  assert memory(int(best * 1.05 / 8 + 1) * 8) > limit or memory(best) > 0.95 * limit, compiled
+
+
+def test_a_spent_search_budget_stops_after_the_first_prediction_with_its_bounds():
+  from mlm_jax.perf import preflight
+  # Memory that grows faster at large batches than the small compiles say.
+  check, compiled = _fake_check(lambda rows: 3 * 2**30 + rows ** 1.1 * 8 * 2**20, budget=0.0)
+  check._search_spent = 1.0
+  search = check.largest_batch({'train.batch_size': 131072},
+                               refused=check.compile({'train.batch_size': 131072}))
+  assert compiled[:3] == [131072, 16, 32] and search.compiles == 3
+  best = compiled[3]       # The line through 32 rows and the refused 8192 is conservative.
+  assert search.best.per_device_batch == best and search.too_big == 131072
+  assert best < search.predicted < 131072 and 'search_budget_s' in search.stopped
+  line = preflight._search_line(search.as_dict())
+  assert ('3 compiles' in line and f'{best} rows per device fit (compiled)' in line
+          and f'predicts {search.predicted} (not compiled)' in line
+          and '131072 do not fit' in line), line
+
+
+def test_the_search_keeps_micro_batches_whole():
+  check, compiled = _fake_check(lambda rows: 2**30 + rows // 4 * 40 * 2**20, unit=4)
+  search = check.largest_batch({'train.batch_size': 4096, 'train.grad_accum_steps': 4})
+  assert compiled[:2] == [64, 128] and all(rows % 4 == 0 for rows in compiled)
+  assert search.best.per_device_batch % 4 == 0
+
+
+@pytest.mark.slow
+def test_an_oversized_batch_gets_a_compiled_suggestion_in_a_few_compiles():
+  """The real compiler: a batch far too large, the largest that fits in at most 5 compiles."""
+  _require_compilers('v5litepod-1')
+  from configs import bert_tiny
+  from mlm_jax.perf import preflight
+  config = bert_tiny.get_config()
+  config.train.batch_size, config.eval.batch_size = 65536, 16
+  # No budget: the search runs until it has its answer.
+  check = preflight.Preflight(config, targets.parse('v5litepod-1'), search_budget_s=float('inf'))
+  # A smaller chip than a v5e's 16 GiB, so that the batch at its limit compiles sooner, but
+  # large enough that the limit is where this model's memory grows linearly (at a few
+  # hundred MiB the compiler still reuses buffers, and the line bends).
+  check.usable_memory = 2 * 2**30
+  compiled = []
+  compile = check.compile
+  check.compile = lambda overrides=None, step='train': compiled.append(overrides) or compile(
+      overrides, step)
+  first = check.compile()
+  search = check.largest_batch(first.overrides(), refused=first)
+  assert not first.fits and not search.stopped and search.compiles <= 5, compiled
+  best = search.best
+  assert best.fits and best.total > 0.5 * 0.9 * check.usable_memory
+  rows = best.per_device_batch
+  # One compile more than the suggestion (10%, in whole 8s) does not fit.
+  assert not compile({'train.batch_size': int(rows * 1.1 / 8 + 1) * 8}).fits, (search, compiled)
+
+
+def test_suggestions_left_uncompiled_by_the_budget_say_so():
+  from mlm_jax.perf import preflight
+  check, compiled = _fake_check(lambda rows: 3 * 2**30 + rows * 9 * 2**20, budget=0.0)
+  check._search_spent = 1.0
+  first = check.compile({'train.batch_size': 131072})
+  search, changes = check.suggestions(first)
+  # The refused step, the two small ones and the prediction, which fits: the search is done.
+  assert len(compiled) == 4 and not search.stopped
+  (what, largest), (accumulate, uncompiled) = changes
+  assert largest.per_device_batch == 1296 and largest.fits
+  assert 'in 128 micro-batches of 1024 rows' in accumulate and uncompiled is None, accumulate
+  entry = preflight._suggestion(accumulate, uncompiled, check._changed)
+  assert entry['fits'] is None and entry['figures'] is None
+
+
+def test_when_the_small_compiles_do_not_fit_the_search_goes_down_to_one_row():
+  check, compiled = _fake_check(lambda rows: 15 * 2**30 + rows * 2**20)
+  assert check.largest_batch({'train.batch_size': 4096}).best is None
+  assert compiled == [16, 1]
+  check, compiled = _fake_check(lambda rows: 14 * 2**30 + rows * 40 * 2**20)
+  search = check.largest_batch({'train.batch_size': 4096})
+  assert compiled[:2] == [16, 1] and search.best.per_device_batch in (9, 10), compiled

@@ -20,9 +20,12 @@ least 10% free; FLOPs per step from the compiler next to flops.py's count;
 on TPU the compiler's own per-operation cycle estimates as a step time,
 tokens/s and MFU (always labelled an estimate); on GPU whether attention
 compiled to cuDNN's fused kernel. When the step does not fit it compiles the
-changes that would make it fit (the largest per-device batch, fsdp, gradient
-accumulation) and prints those that do. Exit status: 0 fits, 1 does not fit
-(or asked for cuDNN attention and did not get it), 2 bad input.
+changes that would make it fit (the largest per-device batch, predicted from
+two small compiles and confirmed by one more; fsdp; gradient accumulation)
+and prints those that do, within a budget of compile time
+(--search_budget_s) after which it prints the best bounds found so far.
+Exit status: 0 fits, 1 does not fit (or asked for cuDNN attention and did
+not get it), 2 bad input.
 
 Needs `pip install -e '.[aot]'` (libtpu and XLA's CUDA compiler).
 """
@@ -39,6 +42,10 @@ from typing import Callable
 from mlm_jax.perf import targets
 
 HEADROOM = 0.10     # A step fits when it leaves at least this share of device memory free.
+# Seconds of compiles the searches for what would fit may spend past their
+# first three (two small ones and the prediction): about a minute, the time
+# the TPU compiler takes to refuse an oversized BERT-large.
+SEARCH_BUDGET_S = 60.0
 _REFERENCE_MATMUL = 4096  # Side of the bf16 matmul that calibrates the TPU cycle estimates.
 
 
@@ -85,11 +92,33 @@ class StepFigures:
                                        'used_fraction': self.total / self.usable_memory}
 
 
+@dataclasses.dataclass
+class Search:
+  """What a search for the largest batch found: the bounds, compiled, and why it stopped."""
+
+  step: str                          # 'train' | 'eval'
+  limit: float                       # Bytes per device a step may use (HEADROOM kept free).
+  budget_s: float
+  best: StepFigures | None = None    # The largest batch compiled that fits.
+  too_big: int | None = None         # The fewest rows per device compiled that do not fit.
+  predicted: int | None = None       # The line's next guess, when the budget stopped it.
+  compiles: int = 0
+  seconds: float = 0.0
+  stopped: str = ''                  # Why it stopped before converging; '' when it converged.
+
+  def as_dict(self) -> dict[str, Any]:
+    return {'step': self.step, 'limit': self.limit, 'budget_s': self.budget_s,
+            'largest_fitting': self.best.per_device_batch if self.best else None,
+            'smallest_not_fitting': self.too_big, 'predicted': self.predicted,
+            'compiles': self.compiles, 'seconds': self.seconds, 'stopped': self.stopped}
+
+
 class Preflight:
   """Compiles a config's steps for one target; everything it learns is in `report()`."""
 
   def __init__(self, config, target: targets.Target,
-               log: Callable[[str], None] = lambda s: None):
+               log: Callable[[str], None] = lambda s: None,
+               search_budget_s: float = SEARCH_BUDGET_S):
     from mlm_jax import configuration as config_lib  # pylint: disable=import-outside-toplevel
     self.target = target
     self.log = log
@@ -101,6 +130,10 @@ class Preflight:
     self.devices = targets.compile_devices(target)
     self.usable_memory, self.memory_note = target.usable_memory()
     self._seconds_per_cycle: float | None = None
+    if not search_budget_s >= 0:
+      raise PreflightError(f'--search_budget_s={search_budget_s}: seconds of compiles, 0 or more')
+    self.search_budget_s = search_budget_s
+    self._search_spent = 0.0     # Seconds of compiles the searches have taken so far.
 
   # ------------------------------------------------------------ compiling
 
@@ -172,68 +205,126 @@ class Preflight:
 
   # ---------------------------------------------------------- suggestions
 
-  def largest_batch(self, first: StepFigures, step: str = 'train',
-                    max_compiles: int = 4) -> StepFigures | None:
-    """The largest per-device batch that fits (same accumulation and fsdp), compiled.
+  def largest_batch(self, overrides: dict[str, Any] | None = None, step: str = 'train',
+                    refused: StepFigures | None = None) -> Search:
+    """The largest per-device batch whose `step` fits (same accumulation and fsdp), compiled.
 
-    Memory grows about linearly with the batch (a little slower: the
-    compiler reuses buffers), so a line through the two latest figures (the
-    first: the memory that does not grow, state and program) predicts the
-    batch at the limit. Each prediction is compiled and kept inside the
-    bracket of batches known to fit and not to fit; the search stops at 95%
-    of the limit, when the bracket is within 5%, or after `max_compiles`.
-    None when the first does not fit and no smaller batch is found to.
+    Memory per device is close to linear in the rows: a + b * rows (the state, gradients and
+    program do not grow; activations do, a little slower than linearly as the compiler reuses
+    buffers, and at a few rows not at all). Two compiles at small batches (`_calibration_rows`
+    per device and twice it) give the line; its prediction of the batch at the limit is compiled
+    to confirm it. Once a batch is known not to fit (the config's own, `refused`: the TPU
+    compiler refuses it in seconds, with the memory it needs), a guess comes from the line
+    through the largest batch that fits and the smallest that does not (regula falsi); a guess
+    that did not fit steps down by the smaller of that slope and the small compiles' own.
+    Guesses stay inside the bracket and are whole micro-batches (multiples of 8 of them once
+    large). The search ends when the next guess is within 5% of a batch that fits (or no whole
+    guess is left inside the bracket), or when the search budget (`search_budget_s` of compiles,
+    shared by every search of this pre-flight) is spent: the two small compiles and the first
+    prediction always run, later ones only while budget is left. `best` is None when not even
+    one row per micro-batch fits.
     """
+    overrides = dict(overrides or {})
+    config = _with_overrides(self.config, overrides)
     n, limit = self.target.num_devices, (1.0 - HEADROOM) * self.usable_memory
-    unit = first.grad_accum_steps if step == 'train' else 1
+    unit = config.train.grad_accum_steps if step == 'train' else 1
     field = 'train.batch_size' if step == 'train' else 'eval.batch_size'
-    points = [(0, first.memory['state'] + first.memory['program']),
-              (first.per_device_batch, first.total)]
-    best = first if first.fits else None
-    too_big = None if first.fits else first.per_device_batch
-    for _ in range(max_compiles):
-      (b0, t0), (b1, t1) = points[-2:]
-      per_row = max((t1 - t0) / (b1 - b0), 1.0) if b1 != b0 else max(t1 / b1, 1.0)
-      guess = (limit - t1) / per_row + b1
-      low = best.per_device_batch if best else 0
-      if too_big is not None and not low < guess < too_big:
-        guess = (low + too_big) / 2          # Outside the bracket: bisect it.
-      guess = _round_batch(int(guess), unit)
-      if guess <= low or (too_big is not None and guess >= too_big):
-        break
-      figures = self.compile(first.overrides() | {field: guess * n}, step)
-      points.append((guess, figures.total))
-      if figures.fits:
-        best = figures
-        if figures.total > 0.95 * limit:
-          break
-      else:
-        too_big = guess
-      if best and too_big and too_big - best.per_device_batch <= 0.05 * best.per_device_batch:
-        break
-    return best
+    search = Search(step=step, limit=limit, budget_s=self.search_budget_s)
+    if refused is not None and not refused.fits:
+      search.too_big = refused.per_device_batch
+    points: list[tuple[int, int]] = []      # (rows per device, bytes per device)
+    too_big_total = refused.total if search.too_big is not None else 0
 
-  def suggestions(self, first: StepFigures) -> list[tuple[str, StepFigures]]:
-    """Compiled changes to a train step that does not fit; those that fit come first."""
-    out: list[tuple[str, StepFigures]] = []
+    def compile_rows(rows: int) -> None:
+      nonlocal too_big_total
+      start = time.perf_counter()
+      figures = self.compile(overrides | {field: rows * n}, step)
+      elapsed = time.perf_counter() - start
+      search.compiles += 1
+      search.seconds += elapsed
+      self._search_spent += elapsed
+      points.append((rows, figures.total))
+      if figures.fits:
+        if search.best is None or rows > search.best.per_device_batch:
+          search.best = figures
+      elif search.too_big is None or rows < search.too_big:
+        search.too_big, too_big_total = rows, figures.total
+
+    first_rows = _calibration_rows(config.data.seq_len, unit)
+    for rows in (first_rows, 2 * first_rows):
+      if search.too_big is not None and rows >= search.too_big:
+        break
+      compile_rows(rows)
+    if search.best is None and search.too_big is not None and search.too_big > unit:
+      compile_rows(unit)                             # The smallest batch: does anything fit?
+    small_slope = (max((points[1][1] - points[0][1]) / (points[1][0] - points[0][0]), 1.0)
+                   if len(points) >= 2 and points[0][0] == first_rows else None)
+    while search.best is not None and (search.too_big is not None or len(points) >= 2):
+      if search.best is not None and search.too_big is not None:
+        # Between the bounds (regula falsi): the line through the largest batch that fits
+        # and the smallest that does not, whose memory is on the line at large batches.
+        (b0, t0), (b1, t1) = ((search.best.per_device_batch, search.best.total),
+                              (search.too_big, too_big_total))
+      else:
+        (b0, t0), (b1, t1) = points[-2:]
+      per_row = max((t1 - t0) / (b1 - b0), 1.0)
+      if points[-1][1] > limit and small_slope is not None:
+        # The last guess did not fit: step down by the smaller of this slope and the small
+        # compiles' own, so that memory that jumps between them (a buffer the compiler no
+        # longer reuses) is stepped over in one compile.
+        per_row = min(per_row, small_slope)
+      guess = (limit - t1) / per_row + b1
+      low = search.best.per_device_batch if search.best else 0
+      if search.too_big is not None and not low < guess < search.too_big:
+        guess = (low + search.too_big) / 2          # Outside the bracket: bisect it.
+      guess = _round_batch(int(guess), unit)
+      if guess <= 1.05 * low or (search.too_big is not None and guess >= search.too_big):
+        break          # Within 5% of a batch that fits, or no whole multiple left between.
+      if search.compiles > 2 and self._search_spent >= self.search_budget_s:
+        search.predicted = guess
+        search.stopped = (f'the search budget of {self.search_budget_s:.0f} s of compiles was '
+                          'spent (--search_budget_s)')
+        break
+      compile_rows(guess)
+    return search
+
+  def suggestions(self, first: StepFigures
+                  ) -> tuple[Search, list[tuple[str, StepFigures | None]]]:
+    """Changes to a train step that does not fit; compiled ones that fit come first.
+
+    A change left uncompiled because the search budget was spent is listed
+    with None figures.
+    """
+    out: list[tuple[str, StepFigures | None]] = []
     n = self.target.num_devices
-    largest = self.largest_batch(first)
+    search = self.largest_batch(first.overrides(), refused=first)
+    largest = search.best
     if largest is not None:
       out.append((f'the largest batch that fits: {largest.per_device_batch} rows per device '
                   f'(global {largest.global_batch})', largest))
       micro = largest.per_device_batch // max(largest.grad_accum_steps, 1)
       k = _accumulation_for(first.global_batch, n, micro)
       if k is not None and k != first.grad_accum_steps:
-        accumulated = self.compile(first.overrides() | {'train.grad_accum_steps': k})
-        out.append((f'the same global batch {first.global_batch} in {k} micro-batches of '
-                    f'{first.global_batch // n // k} rows per device', accumulated))
+        what = (f'the same global batch {first.global_batch} in {k} micro-batches of '
+                f'{first.global_batch // n // k} rows per device')
+        out.append((what, self._compile_within_budget(
+            first.overrides() | {'train.grad_accum_steps': k})))
     fsdp = self._fsdp_choice(first)
     if fsdp is not None:
-      sharded = self.compile(first.overrides() | {'mesh.fsdp': fsdp})
       out.append((f'the parameters and optimizer state split over {fsdp} devices '
-                  f'(mesh.fsdp={fsdp})', sharded))
-    out.sort(key=lambda s: not s[1].fits)
-    return out
+                  f'(mesh.fsdp={fsdp})',
+                  self._compile_within_budget(first.overrides() | {'mesh.fsdp': fsdp})))
+    out.sort(key=lambda s: not (s[1] is not None and s[1].fits))
+    return search, out
+
+  def _compile_within_budget(self, overrides: dict[str, Any]) -> StepFigures | None:
+    """The train step with `overrides`, compiled while search budget is left; else None."""
+    if self._search_spent >= self.search_budget_s:
+      return None
+    start = time.perf_counter()
+    figures = self.compile(overrides)
+    self._search_spent += time.perf_counter() - start
+    return figures
 
   def _fsdp_choice(self, first: StepFigures) -> int | None:
     """The fsdp size to try: the most devices that divide the width and the device count."""
@@ -424,25 +515,36 @@ class Preflight:
       if calls['compiled'] < calls['expected']:
         problems.append(f"the plan gives {calls['expected']} {kernel} attention calls, but the "
                         f"train step compiled {calls['compiled']}")
+    searches = []
     if not train.fits:
       problems.append('the train step does not fit')
-      report['suggestions'] = [{'change': what, 'overrides': self._changed(s.overrides()),
-                                'fits': s.fits, 'figures': s.as_dict()}
-                               for what, s in self.suggestions(train)]
+      search, changes = self.suggestions(train)
+      searches.append(search)
+      report['suggestions'] = [_suggestion(what, s, self._changed) for what, s in changes]
     if not evaluation.fits:
       problems.append('the eval step does not fit')
-      largest = self.largest_batch(evaluation, step='eval')
-      report.setdefault('suggestions', []).extend(
-          [{'change': f'an eval batch that fits: {largest.per_device_batch} rows per device',
-            'overrides': self._changed(largest.overrides()), 'fits': True,
-            'figures': largest.as_dict()}]
-          if largest else [])
+      search = self.largest_batch(evaluation.overrides(), step='eval', refused=evaluation)
+      searches.append(search)
+      if search.best:
+        report.setdefault('suggestions', []).append(_suggestion(
+            f'an eval batch that fits: {search.best.per_device_batch} rows per device',
+            search.best, self._changed))
+    if searches:
+      report['searches'] = [s.as_dict() for s in searches]
     report['problems'] = problems
     report['ok'] = not problems
     return report
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _suggestion(what: str, figures: StepFigures | None, changed) -> dict[str, Any]:
+  """A suggestion as the report keeps it; None figures: not compiled (budget spent)."""
+  if figures is None:
+    return {'change': what, 'overrides': {}, 'fits': None, 'figures': None}
+  return {'change': what, 'overrides': changed(figures.overrides()), 'fits': figures.fits,
+          'figures': figures.as_dict()}
 
 
 def _with_overrides(config, overrides: dict[str, Any]):
@@ -452,6 +554,17 @@ def _with_overrides(config, overrides: dict[str, Any]):
       section, field = dotted.split('.')
       config[section][field] = value
   return config
+
+
+def _calibration_rows(seq_len: int, unit: int) -> int:
+  """Rows per device of a search's first compile: about 2,048 tokens per micro-batch.
+
+  The smallest batches are not on the line: at one or two rows the compiler
+  may keep every activation in place and report no temporaries, which makes
+  the slope from them wrong. A couple of thousand tokens per device is on
+  the line and still fits every target (BERT-large at T=512 on a v5e).
+  """
+  return max(1, 2048 // seq_len) * unit
 
 
 def _round_batch(rows: int, unit: int) -> int:
@@ -571,13 +684,36 @@ def format_report(report: dict[str, Any]) -> str:
     for kernel, calls in attention['fused_calls'].items():
       lines.append(f"  {kernel} calls in the train step: {calls['compiled']} "
                    f"(planned {calls['expected']})")
+  usable = report['usable_memory']
   for s in report.get('suggestions', []):
+    if s['figures'] is None:
+      lines.append(f"not compiled (search budget spent): {s['change']}")
+      continue
     flags_ = ' '.join(f'--config.{k}={v}' for k, v in s['overrides'].items())
     lines.append(f"{'fits' if s['fits'] else 'does not fit'}: {s['change']} "
-                 f"({_gib(s['figures']['memory']['total'])}): {flags_}")
+                 f"({_gib(s['figures']['memory']['total'])} of {_gib(usable)} per device): "
+                 f'{flags_}')
+  for search in report.get('searches', []):
+    lines.append(_search_line(search))
   lines.append('')
   lines.append('OK: fits' if report['ok'] else 'FAILED: ' + '; '.join(report['problems']))
   return '\n'.join(lines)
+
+
+def _search_line(search: dict[str, Any]) -> str:
+  """How a search for the largest batch went; its bounds when it stopped early."""
+  line = (f"search for the largest {search['step']} batch: {search['compiles']} compiles in "
+          f"{search['seconds']:.0f} s")
+  if not search['stopped']:
+    return line
+  bounds = []
+  if search['largest_fitting']:
+    bounds.append(f"{search['largest_fitting']} rows per device fit (compiled)")
+  if search['predicted']:
+    bounds.append(f"the line through the compiles predicts {search['predicted']} (not compiled)")
+  if search['smallest_not_fitting']:
+    bounds.append(f"{search['smallest_not_fitting']} do not fit")
+  return f"{line}; stopped: {search['stopped']}; best bounds: " + ', '.join(bounds)
 
 
 # --------------------------------------------------------------- command

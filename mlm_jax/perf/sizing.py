@@ -39,9 +39,6 @@ GROUPS = (
     (('modern_base', 'modern_large'), (1024, 8192), ('h100', 'h100x8', 'v5p-8', 'v6e-8')),
 )
 TARGETS = tuple(dict.fromkeys(t for _, _, group in GROUPS for t in group))
-# The first compile of a cell, rows per device by T: small enough to fit every
-# target, large enough that the line through it predicts the limit well.
-_FIRST_ROWS_PER_DEVICE = {128: 64, 512: 16, 1024: 8, 8192: 1}
 
 
 def cells(order: tuple[str, ...] = TARGETS) -> list[str]:
@@ -64,10 +61,11 @@ def size_cell(cell: str, log=print) -> dict[str, Any]:
   config.model.max_position_embeddings = max(config.model.max_position_embeddings, int(seq_len))
   target = targets.parse(target_name)
   start = time.perf_counter()
-  check = preflight.Preflight(config, target, log=lambda s: log(f'{cell}: {s.strip()}'))
+  # The table's cells search until they converge: no budget.
+  check = preflight.Preflight(config, target, log=lambda s: log(f'{cell}: {s.strip()}'),
+                              search_budget_s=float('inf'))
   n = target.num_devices
-  first = check.compile({'train.batch_size': _FIRST_ROWS_PER_DEVICE[int(seq_len)] * n})
-  best = check.largest_batch(first)
+  best = check.largest_batch().best
   result: dict[str, Any] = {'cell': cell, 'model': model, 'seq_len': int(seq_len),
                             'target': target_name, 'num_devices': n,
                             'usable_memory': check.usable_memory,
