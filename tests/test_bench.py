@@ -247,7 +247,9 @@ def test_a_modernbert_config_is_timed_against_modernbert():
     assert set(seconds) <= set(op_breakdown.CATEGORIES)
     assert seconds['matmul: MLP'] > 0 and seconds['matmul: MLM head'] > 0
     assert seconds['layer norm'] > 0 and seconds['optimizer update'] > 0
-    assert 0 < sum(seconds.values()) < 10 * max(ours['step_time_s']['max'],
+    # Per step, not per trace: of the order of a step. Tracing slows every small op and the
+    # tests share the cores, so the bound is loose.
+    assert 0 < sum(seconds.values()) < 50 * max(ours['step_time_s']['max'],
                                                  hf['step_time_s']['max'])
 
 
