@@ -129,6 +129,17 @@ def _bpe_vocab_merges(texts: Sequence[str], vocab_size: int, lowercase: bool = F
   return dict(spec['vocab']), merges
 
 
+def _uncased_wordpiece(texts: Sequence[str], vocab_size: int) -> dict[str, int]:
+  """bert-base-uncased's WordPiece vocabulary trained on `texts`: its specials first."""
+  trained = tk.Tokenizer(tk.models.WordPiece(unk_token='[UNK]'))
+  trained.normalizer = tk.normalizers.BertNormalizer(lowercase=True)
+  trained.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
+  trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(BERT_SPECIALS),
+                                         continuing_subword_prefix='##', show_progress=False)
+  trained.train_from_iterator(list(texts), trainer)
+  return trained.get_vocab()
+
+
 def make_bert(directory: str, texts: Sequence[str], vocab_size: int = 400, seed: int = 0,
               **model_kw) -> str:
   """bert-base-uncased's layout in `directory` (a small BertForMaskedLM); returns it.
@@ -137,13 +148,7 @@ def make_bert(directory: str, texts: Sequence[str], vocab_size: int = 400, seed:
   """
   import transformers  # pylint: disable=import-outside-toplevel
   os.makedirs(directory, exist_ok=True)
-  trained = tk.Tokenizer(tk.models.WordPiece(unk_token='[UNK]'))
-  trained.normalizer = tk.normalizers.BertNormalizer(lowercase=True)
-  trained.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
-  trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(BERT_SPECIALS),
-                                         continuing_subword_prefix='##', show_progress=False)
-  trained.train_from_iterator(list(texts), trainer)
-  vocab = trained.get_vocab()
+  vocab = _uncased_wordpiece(texts, vocab_size)
   assert [vocab[t] for t in BERT_SPECIALS] == list(range(len(BERT_SPECIALS)))
   tokenizer = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=True,
                                              model_max_length=512)
@@ -319,13 +324,7 @@ def make_distilbert(directory: str, texts: Sequence[str], vocab_size: int = 400,
   """
   import transformers  # pylint: disable=import-outside-toplevel
   os.makedirs(directory, exist_ok=True)
-  trained = tk.Tokenizer(tk.models.WordPiece(unk_token='[UNK]'))
-  trained.normalizer = tk.normalizers.BertNormalizer(lowercase=True)
-  trained.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
-  trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(BERT_SPECIALS),
-                                         continuing_subword_prefix='##', show_progress=False)
-  trained.train_from_iterator(list(texts), trainer)
-  vocab = trained.get_vocab()
+  vocab = _uncased_wordpiece(texts, vocab_size)
   tokenizer = transformers.DistilBertTokenizerFast(vocab=vocab, do_lower_case=True,
                                                    model_max_length=512)
   _save_tokenizer(tokenizer, directory)

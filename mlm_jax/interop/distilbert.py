@@ -25,7 +25,7 @@ another eps has no DistilBERT form. Sinusoidal position tables
 
 from __future__ import annotations
 
-import math
+import functools
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,8 @@ from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.interop.layout import Format
 from mlm_jax.interop.layout import Tensor
+from mlm_jax.interop.layout import dense_tensors
+from mlm_jax.interop.layout import layer_norm_tensors
 from mlm_jax.interop.layout import special_token_ids
 
 LAYER_NORM_EPS = 1e-12  # transformers' DistilBERT: nn.LayerNorm(dim, eps=1e-12) everywhere.
@@ -45,15 +47,8 @@ def layout(cfg: model_lib.ModelConfig, position_offset: int = 0) -> list[Tensor]
   d, n, f, v = cfg.hidden_size, cfg.num_heads, cfg.intermediate_size, cfg.vocab_size
   h = d // n
 
-  def layer_norm(hf_name, path):
-    return [Tensor(f'{hf_name}.weight', (*path, 'scale'), (d,), (d,)),
-            Tensor(f'{hf_name}.bias', (*path, 'bias'), (d,), (d,))]
-
-  def dense(hf_name, path, in_shape, out_shape):
-    fan_in, fan_out = math.prod(in_shape), math.prod(out_shape)
-    return [Tensor(f'{hf_name}.weight', (*path, 'kernel'), (fan_out, fan_in),
-                   (*in_shape, *out_shape), transpose=True),
-            Tensor(f'{hf_name}.bias', (*path, 'bias'), (fan_out,), out_shape)]
+  layer_norm = functools.partial(layer_norm_tensors, width=d)
+  dense = dense_tensors
 
   emb, p = ('encoder', 'embeddings'), 'distilbert.embeddings'
   positions = cfg.max_position_embeddings

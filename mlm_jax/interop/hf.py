@@ -47,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import math
+import functools
 import os
 import pickle
 from typing import Any
@@ -65,6 +65,8 @@ from mlm_jax.interop import distilbert
 from mlm_jax.interop import modernbert
 from mlm_jax.interop.layout import Format
 from mlm_jax.interop.layout import Tensor
+from mlm_jax.interop.layout import dense_tensors
+from mlm_jax.interop.layout import layer_norm_tensors
 from mlm_jax.interop.layout import get_path
 from mlm_jax.interop.layout import set_path
 from mlm_jax.interop.layout import special_token_ids
@@ -253,15 +255,8 @@ def _bert_family_layout(cfg: model_lib.ModelConfig, position_offset: int,
   def plain(hf_name, path, shape):
     return [Tensor(hf_name, path, shape, shape)]
 
-  def layer_norm(hf_name, path):
-    return [Tensor(f'{hf_name}.weight', (*path, 'scale'), (d,), (d,)),
-            Tensor(f'{hf_name}.bias', (*path, 'bias'), (d,), (d,))]
-
-  def dense(hf_name, path, in_shape, out_shape):
-    fan_in, fan_out = math.prod(in_shape), math.prod(out_shape)
-    return [Tensor(f'{hf_name}.weight', (*path, 'kernel'), (fan_out, fan_in),
-                   (*in_shape, *out_shape), transpose=True),
-            Tensor(f'{hf_name}.bias', (*path, 'bias'), (fan_out,), out_shape)]
+  layer_norm = functools.partial(layer_norm_tensors, width=d)
+  dense = dense_tensors
 
   emb, p = ('encoder', 'embeddings'), f'{names.encoder}.embeddings'
   positions = cfg.max_position_embeddings

@@ -10,6 +10,7 @@ model_type) names.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,21 @@ class Tensor:
   def from_hf(self, x: np.ndarray) -> np.ndarray:
     x = x[self.offset_rows:]
     return np.ascontiguousarray((x.T if self.transpose else x).reshape(self.shape), np.float32)
+
+
+def layer_norm_tensors(hf_name: str, path: tuple[str, ...], width: int) -> list[Tensor]:
+  """A torch LayerNorm's weight and bias as our LayerNorm's scale and bias [width]."""
+  return [Tensor(f'{hf_name}.weight', (*path, 'scale'), (width,), (width,)),
+          Tensor(f'{hf_name}.bias', (*path, 'bias'), (width,), (width,))]
+
+
+def dense_tensors(hf_name: str, path: tuple[str, ...], in_shape: tuple[int, ...],
+                  out_shape: tuple[int, ...]) -> list[Tensor]:
+  """A torch Linear [out, in] (and its bias) as our kernel [*in_shape, *out_shape]."""
+  fan_in, fan_out = math.prod(in_shape), math.prod(out_shape)
+  return [Tensor(f'{hf_name}.weight', (*path, 'kernel'), (fan_out, fan_in),
+                 (*in_shape, *out_shape), transpose=True),
+          Tensor(f'{hf_name}.bias', (*path, 'bias'), (fan_out,), out_shape)]
 
 
 def special_token_ids(specials: Any) -> dict[str, int]:
