@@ -129,10 +129,11 @@ def _bpe_vocab_merges(texts: Sequence[str], vocab_size: int, lowercase: bool = F
   return dict(spec['vocab']), merges
 
 
-def _uncased_wordpiece(texts: Sequence[str], vocab_size: int) -> dict[str, int]:
-  """bert-base-uncased's WordPiece vocabulary trained on `texts`: its specials first."""
+def _wordpiece(texts: Sequence[str], vocab_size: int, cased: bool = False) -> dict[str, int]:
+  """bert-base-(un)cased's WordPiece vocabulary trained on `texts`: its specials first."""
   trained = tk.Tokenizer(tk.models.WordPiece(unk_token='[UNK]'))
-  trained.normalizer = tk.normalizers.BertNormalizer(lowercase=True)
+  trained.normalizer = (tk.normalizers.BertNormalizer(lowercase=False, strip_accents=False)
+                        if cased else tk.normalizers.BertNormalizer(lowercase=True))
   trained.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
   trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(BERT_SPECIALS),
                                          continuing_subword_prefix='##', show_progress=False)
@@ -141,16 +142,17 @@ def _uncased_wordpiece(texts: Sequence[str], vocab_size: int) -> dict[str, int]:
 
 
 def make_bert(directory: str, texts: Sequence[str], vocab_size: int = 400, seed: int = 0,
-              **model_kw) -> str:
-  """bert-base-uncased's layout in `directory` (a small BertForMaskedLM); returns it.
+              cased: bool = False, **model_kw) -> str:
+  """bert-base-uncased's layout (bert-base-cased's with `cased`) in `directory` (a small
+  BertForMaskedLM); returns it.
 
   model_kw: BertConfig fields (default 2 layers, width 32, 64 positions).
   """
   import transformers  # pylint: disable=import-outside-toplevel
   os.makedirs(directory, exist_ok=True)
-  vocab = _uncased_wordpiece(texts, vocab_size)
+  vocab = _wordpiece(texts, vocab_size, cased)
   assert [vocab[t] for t in BERT_SPECIALS] == list(range(len(BERT_SPECIALS)))
-  tokenizer = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=True,
+  tokenizer = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=not cased,
                                              model_max_length=512)
   _save_tokenizer(tokenizer, directory)
   fields = _model_fields(model_kw, max_position_embeddings=64, type_vocab_size=2,
@@ -296,24 +298,7 @@ def make_camembert(directory: str, texts: Sequence[str], vocab_size: int = 400, 
 def make_bert_cased(directory: str, texts: Sequence[str], vocab_size: int = 400, seed: int = 0,
                     **model_kw) -> str:
   """bert-base-cased's layout in `directory` (a small BertForMaskedLM); returns it."""
-  import transformers  # pylint: disable=import-outside-toplevel
-  os.makedirs(directory, exist_ok=True)
-  trained = tk.Tokenizer(tk.models.WordPiece(unk_token='[UNK]'))
-  trained.normalizer = tk.normalizers.BertNormalizer(lowercase=False, strip_accents=False)
-  trained.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
-  trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(BERT_SPECIALS),
-                                         continuing_subword_prefix='##', show_progress=False)
-  trained.train_from_iterator(list(texts), trainer)
-  vocab = trained.get_vocab()
-  tokenizer = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=False,
-                                             model_max_length=512)
-  _save_tokenizer(tokenizer, directory)
-  fields = _model_fields(model_kw, max_position_embeddings=64, type_vocab_size=2,
-                         layer_norm_eps=1e-12, hidden_act='gelu')
-  config = transformers.BertConfig(vocab_size=len(vocab), pad_token_id=0, **fields)
-  config._attn_implementation = 'eager'  # pylint: disable=protected-access
-  _save_model(directory, config, 'BertForMaskedLM', seed)
-  return directory
+  return make_bert(directory, texts, vocab_size, seed, cased=True, **model_kw)
 
 
 def make_distilbert(directory: str, texts: Sequence[str], vocab_size: int = 400, seed: int = 0,
@@ -324,7 +309,7 @@ def make_distilbert(directory: str, texts: Sequence[str], vocab_size: int = 400,
   """
   import transformers  # pylint: disable=import-outside-toplevel
   os.makedirs(directory, exist_ok=True)
-  vocab = _uncased_wordpiece(texts, vocab_size)
+  vocab = _wordpiece(texts, vocab_size)
   tokenizer = transformers.DistilBertTokenizerFast(vocab=vocab, do_lower_case=True,
                                                    model_max_length=512)
   _save_tokenizer(tokenizer, directory)
