@@ -5,6 +5,7 @@ import contextlib
 import errno
 import functools
 import json
+import logging as std_logging
 import os
 import resource
 import shutil
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from absl import logging
 
 from mlm_jax import configuration
 from mlm_jax import saved_config
@@ -255,6 +257,12 @@ def test_rotation_keeps_the_checkpoint_resumed_from_until_a_newer_one_has_read(t
 
 def test_a_save_the_disk_has_no_room_for_stops_and_the_one_before_warns(tmp_path, monkeypatch,
                                                                          caplog):
+  # Read the warnings off absl's own logger: a command run earlier in this
+  # process may have changed its level or handlers (cli.run).
+  absl_logger = logging.get_absl_logger()
+  monkeypatch.setattr(absl_logger, 'propagate', True)
+  caplog.set_level(std_logging.WARNING, logger=absl_logger.name)
+  monkeypatch.setattr(absl_logger, 'handlers', [*absl_logger.handlers, caplog.handler])
   directory = str(tmp_path / 'checkpoints')
   saver = _checkpointer(directory)
   saver.save(1, _tiny_state(), {'v': 1}, force=True)
