@@ -227,6 +227,14 @@ def get_config() -> ml_collections.ConfigDict:
   # Split each global batch into this many micro-batches inside the step
   # (same update, less memory); batch_size must divide by devices x this.
   config.train.grad_accum_steps = 1
+  # Batch warm-up: the global batch grows from batch_warmup_start rows to
+  # batch_size over this many tokens (rows x seq_len) from the run's start,
+  # a whole micro-batch at a time (grad_accum_steps of them make the full
+  # batch), so the compiled step stays the same. 0: no warm-up.
+  config.train.batch_warmup_tokens = 0
+  # The global batch at the start of the warm-up: a multiple of
+  # batch_size / grad_accum_steps.
+  config.train.batch_warmup_start = 0
   # Split each (micro-)batch into this many parts whose forward/backward
   # passes run side by side in one step (same update): XLA's CPU runtime then
   # keeps several cores busy. 0 = auto: 2 on a single CPU device, else 1.
@@ -241,11 +249,18 @@ def get_config() -> ml_collections.ConfigDict:
   # cosine one-cycle, from peak/25 up to the peak at warmup_steps, then down
   # to ~0).
   config.train.schedule = 'linear'
+  # In a run of phases (config.phases), a phase's schedule spans its own
+  # steps, and two more shapes serve: 'constant' (warm-up, then the peak to
+  # the phase's end) and 'decay' (from the peak down over the whole phase, in
+  # decay_shape, to final_lr_ratio x the peak).
   # 'wsd': fraction of num_steps spent decaying to 0 (Hägele et al., 2024:
   # about 20% matches a cosine schedule).
   config.train.decay_fraction = 0.2
   # 'wsd': shape of that decay, 'linear' (Cramming) or '1-sqrt' (ModernBERT).
   config.train.decay_shape = 'linear'
+  # 'wsd' and 'decay': the rate they end at, as a fraction of the peak (Ettin
+  # decays to half its rate).
+  config.train.final_lr_ratio = 0.0
   # 'adamw', or 'stable_adamw' (ModernBERT's: AdamW whose learning rate is
   # divided, per tensor, by max(1, RMS of g / sqrt(v_hat)): no step explodes
   # when a gradient outgrows Adam's estimate of it). Both read the fields below.
@@ -312,4 +327,12 @@ def get_config() -> ml_collections.ConfigDict:
   # Peak TFLOP/s of one device, for the MFU in WORKDIR/summary.json. 0: look
   # the chip up in mlm_jax/runtime/hardware.py (an unknown chip gets no MFU).
   config.profile.peak_tflops = 0.0
+
+  # A run in phases (mlm_jax/phases.py, docs/recipes.md): a tuple of dicts,
+  # each with a 'name', its length as 'steps' or 'tokens', 'overrides' of
+  # this config ({section: {field: value}}, applied on top of the phase
+  # before it) and optionally 'fresh_optimizer': True. The phases run in
+  # order in one workdir; the step count, the optimizer's moments and the
+  # learning-rate schedule carry over. Empty: one phase, this config.
+  config.phases = ()
   return config

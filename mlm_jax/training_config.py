@@ -15,7 +15,7 @@ from mlm_jax.config_check import one_of
 from mlm_jax.config_check import require
 
 # config.train.schedule: the learning-rate schedules of training/optimizer.py.
-SCHEDULES = ('linear', 'wsd', 'one_cycle')
+SCHEDULES = ('linear', 'wsd', 'one_cycle', 'constant', 'decay')
 # config.train.decay_shape: how a 'wsd' schedule decays.
 DECAY_SHAPES = ('linear', '1-sqrt')
 # config.train.optimizer: the optimizers of training/optimizer.py.
@@ -55,6 +55,8 @@ def check_optimizer(train: ml_collections.ConfigDict) -> None:
   peak: schedule, its decay, weight decay, clipping (fine-tuning checks them so too)."""
   one_of('train', 'schedule', train.schedule, SCHEDULES)
   one_of('train', 'decay_shape', train.decay_shape, DECAY_SHAPES)
+  require(0 <= train.get('final_lr_ratio', 0.0) < 1,
+          f"config.train.final_lr_ratio={train.get('final_lr_ratio')} must be in [0, 1).")
   require(0 < train.decay_fraction <= 1,
           f'config.train.decay_fraction={train.decay_fraction} must be in (0, 1].')
   require(train.weight_decay >= 0, 'config.train.weight_decay must be >= 0.')

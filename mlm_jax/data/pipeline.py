@@ -139,7 +139,8 @@ def train_batches(source: Any, masker: masking.Masker, *, global_batch: int, see
                   start_step: int = 0, process_index: int = 0, process_count: int = 1,
                   prefetch: int = 2, worker_count: int = 0, sentence_pair: str = 'none',
                   chunk_rows: int = CHUNK_ROWS,
-                  order: Callable[[np.ndarray], np.ndarray] | None = None
+                  order: Callable[[np.ndarray], np.ndarray] | None = None,
+                  positions: Callable[[np.ndarray], np.ndarray] | None = None
                   ) -> Iterator[dict[str, np.ndarray]]:
   """Yields this process's masked part of global batches start_step, start_step+1, ...
 
@@ -147,6 +148,9 @@ def train_batches(source: Any, masker: masking.Masker, *, global_batch: int, see
   chunks of about `chunk_rows` rows computed ahead per worker. order: global
   stream positions [n] -> source row indices [n] (a mixture's draw,
   data/mixture.py); None: the source's rows, shuffled anew every epoch.
+  positions: steps [n] -> [n, global_batch] global stream positions of their
+  rows, -1 for a padding row (a batch that is not full: phases.Plan.positions);
+  None: step s holds positions s*B .. s*B+B-1.
   """
   if global_batch % process_count:
     raise ValueError(f'global batch {global_batch} does not divide over {process_count} processes')
@@ -154,10 +158,19 @@ def train_batches(source: Any, masker: masking.Masker, *, global_batch: int, see
   builder = BatchBuilder(RowReader(source, masker.specials.pad), masker, seed, sentence_pair)
   steps_per_chunk = max(1, chunk_rows // local)
 
+  def source_rows(rows: np.ndarray) -> np.ndarray:
+    return order(rows) if order is not None else stream_to_source(rows, len(source), seed)
+
   def build(c: int) -> dict[str, np.ndarray]:
     steps = start_step + c * steps_per_chunk + np.arange(steps_per_chunk)
-    rows = (steps[:, None] * global_batch + process_index * local + np.arange(local)).ravel()
-    indices = order(rows) if order is not None else stream_to_source(rows, len(source), seed)
+    if positions is None:
+      rows = (steps[:, None] * global_batch + process_index * local + np.arange(local)).ravel()
+      indices = source_rows(rows)
+    else:
+      rows = positions(steps)[:, process_index * local:(process_index + 1) * local].ravel()
+      real = rows >= 0
+      indices = np.full(rows.shape, -1, np.int64)
+      indices[real] = source_rows(rows[real])
     return builder(indices, step=np.repeat(steps, local), rows=rows)
 
   # ~1e12 rows: endless in practice.

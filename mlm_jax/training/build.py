@@ -17,6 +17,7 @@ import jax
 import ml_collections
 
 from mlm_jax import model as model_lib
+from mlm_jax import phases
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.runtime import platform_ops
 from mlm_jax.runtime import sharding
@@ -47,7 +48,8 @@ class Built:
 
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
-          baseline_token: int = objective.NO_BASELINE) -> Built:
+          baseline_token: int = objective.NO_BASELINE, plan: phases.Plan | None = None,
+          phase: phases.Phase | None = None) -> Built:
   """The model, the state's shardings and the jitted steps of `config` on `mesh`.
 
   The trainer, the benchmark and the pre-flight all build through here, so
@@ -61,7 +63,9 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
   `baseline_token`: the training data's most frequent token
   (PreparedData.most_frequent_token()), whose hit rate the steps report;
   objective.NO_BASELINE where there is none (a benchmark's synthetic
-  batches).
+  batches). `plan` and `phase`: the run in phases `config` is the phase of
+  (mlm_jax/phases.py); the learning rate is then the run's, joined over its
+  phases, at each global step. Without them, config.train's schedule.
   """
   platform = mesh.devices.flat[0].platform
   pairs = config.sentence_pair.task != 'none'
@@ -71,7 +75,13 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
       platform=platform, sentence_pair_head=pairs)
   model_lib.check_attention_platform(model_cfg)
   model = model_lib.mlm_model(model_cfg, platform_ops.for_platform(platform))
-  tx = optimizer.make_optimizer(config.train, platform)
+  if plan is not None and plan.phased:
+    schedule = optimizer.run_schedule(plan.phases)   # By global step, for the metrics.
+    tx = optimizer.make_optimizer(config.train, platform, optimizer.run_schedule(
+        plan.phases, phases.learning_rate_offset(plan, phase)))
+  else:
+    schedule = optimizer.learning_rate_schedule(config.train)
+    tx = optimizer.make_optimizer(config.train, platform, schedule)
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
   example = state_lib.example_batch(config.data.seq_len, config.masking.max_predictions, pairs)
@@ -81,8 +91,9 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
   chains = platform_ops.concurrent_chains(config.train, mesh.size, platform)
   train_step = jax.jit(
       sharding.traced_on(step_lib.make_train_step(
-          optimizer.learning_rate_schedule(config.train), config.train.grad_accum_steps,
-          config.sentence_pair.loss_weight, chains, baseline_token, platform, ema_decay), mesh),
+          schedule, config.train.grad_accum_steps, config.sentence_pair.loss_weight, chains,
+          baseline_token, platform, ema_decay,
+          growing_batch=config.train.get('batch_warmup_tokens', 0) > 0), mesh),
       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0,
       compiler_options=platform_ops.train_compiler_options(platform, chains))
   eval_step = jax.jit(sharding.traced_on(step_lib.make_eval_step(baseline_token, platform), mesh),

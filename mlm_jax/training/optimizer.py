@@ -8,6 +8,7 @@ mlm_jax/training_config.py holds their allowed values and checks them for both.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -37,21 +38,41 @@ def _wsd(train: ml_collections.ConfigDict) -> optax.Schedule:
   config only warms up).
   """
   peak = train.learning_rate
+  end = peak * train.get('final_lr_ratio', 0.0)
   decay_start = max(train.num_steps - max(round(train.decay_fraction * train.num_steps), 1),
                     train.warmup_steps)
   decay_steps = max(train.num_steps - decay_start, 1)
-  if train.decay_shape == 'linear':
-    decay = optax.linear_schedule(peak, 0.0, decay_steps)
-  else:
-    # '1-sqrt': peak * (1 - sqrt(t / decay_steps)); optax has no such schedule,
-    # so it is the square root of optax's clipped linear ramp.
-    ramp = optax.linear_schedule(0.0, 1.0, decay_steps)
-
-    def decay(step):
-      return peak * (1.0 - jnp.sqrt(ramp(step)))
   warmup = optax.linear_schedule(0.0, peak, max(train.warmup_steps, 1))
-  return optax.join_schedules([warmup, optax.constant_schedule(peak), decay],
-                              [train.warmup_steps, decay_start])
+  return optax.join_schedules(
+      [warmup, optax.constant_schedule(peak), _decay(train.decay_shape, peak, end, decay_steps)],
+      [train.warmup_steps, decay_start])
+
+
+def _decay(shape: str, peak: float, end: float, steps: int) -> optax.Schedule:
+  """From `peak` to `end` over `steps` steps, linearly or as 1 - sqrt (then held)."""
+  if shape == 'linear':
+    return optax.linear_schedule(peak, end, steps)
+  # '1-sqrt': end + (peak - end) * (1 - sqrt(t / steps)); optax has no such
+  # schedule, so it is the square root of optax's clipped linear ramp.
+  ramp = optax.linear_schedule(0.0, 1.0, steps)
+
+  def decay(step):
+    return end + (peak - end) * (1.0 - jnp.sqrt(ramp(step)))
+  return decay
+
+
+def _constant(train: ml_collections.ConfigDict) -> optax.Schedule:
+  """A phase that warms up and then holds the peak (the 'stable' of warmup-stable-decay)."""
+  warmup = optax.linear_schedule(0.0, train.learning_rate, max(train.warmup_steps, 1))
+  return optax.join_schedules([warmup, optax.constant_schedule(train.learning_rate)],
+                              [train.warmup_steps])
+
+
+def _decay_phase(train: ml_collections.ConfigDict) -> optax.Schedule:
+  """A phase that decays from the peak over all its steps (the 'decay' of WSD)."""
+  peak = train.learning_rate
+  return _decay(train.decay_shape, peak, peak * train.get('final_lr_ratio', 0.0),
+                max(train.num_steps, 1))
 
 
 def _one_cycle(train: ml_collections.ConfigDict) -> optax.Schedule:
@@ -67,7 +88,8 @@ def _one_cycle(train: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 # config.train.schedule -> the function that builds it.
-_SCHEDULES = {'linear': _linear, 'wsd': _wsd, 'one_cycle': _one_cycle}
+_SCHEDULES = {'linear': _linear, 'wsd': _wsd, 'one_cycle': _one_cycle, 'constant': _constant,
+              'decay': _decay_phase}
 SCHEDULES = training_config.SCHEDULES
 assert tuple(_SCHEDULES) == SCHEDULES, 'training_config.SCHEDULES names the schedules here'
 # config.train.decay_shape: how 'wsd' falls from the peak to 0.
@@ -79,6 +101,22 @@ OPTIMIZERS = training_config.OPTIMIZERS
 def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
   """The learning rate of each step, as config.train.schedule names it (see SCHEDULES)."""
   return _SCHEDULES[train.schedule](train)
+
+
+def run_schedule(phases: Sequence[Any], offset: int = 0) -> optax.Schedule:
+  """The learning rate of a run in phases (phases.Phase), at the optimizer's count + `offset`.
+
+  Each phase's schedule spans its own steps (Phase.schedule_train), joined at
+  the phases' first steps; one phase is its schedule alone. `offset` is the
+  global step at which the optimizer's count restarted (a phase's
+  fresh_optimizer), so that the rate is the run's at every global step.
+  """
+  parts = [learning_rate_schedule(p.schedule_train()) for p in phases]
+  joined = parts[0] if len(parts) == 1 else optax.join_schedules(
+      parts, [p.start_step for p in phases[1:]])
+  if not offset:
+    return joined
+  return lambda count: joined(count + offset)
 
 
 def weight_decay_mask(params: Any) -> Any:
@@ -129,32 +167,36 @@ def clip_by_update_rms(inner: optax.GradientTransformation, b2: float,
   return optax.GradientTransformation(init, update)
 
 
-def _stable_adamw(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def _stable_adamw(train: ml_collections.ConfigDict,
+                  schedule: optax.Schedule) -> optax.GradientTransformation:
   """AdamW whose per-tensor learning rate is divided by max(1, RMS) (clip_by_update_rms)."""
   adam_and_decay = optax.chain(
       optax.scale_by_adam(b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps),
       optax.add_decayed_weights(train.weight_decay, weight_decay_mask))
   return optax.chain(clip_by_update_rms(adam_and_decay, train.adam_b2, train.adam_eps),
-                     optax.scale_by_learning_rate(learning_rate_schedule(train)))
+                     optax.scale_by_learning_rate(schedule))
 
 
-def make_optimizer(train: ml_collections.ConfigDict,
-                   platform: str | None = None) -> optax.GradientTransformation:
+def make_optimizer(train: ml_collections.ConfigDict, platform: str | None = None,
+                   schedule: optax.Schedule | None = None) -> optax.GradientTransformation:
   """Clipping by the global norm, then AdamW (or StableAdamW, config.train.optimizer) on
   config.train's schedule.
 
   `platform` is where the step that applies it runs (default: JAX's backend
   here); it picks the form of the clipping (platform_ops), never its result
   beyond the last bit or two, nor the optimizer state's structure.
+  `schedule`: the learning rate by the optimizer's count (a run in phases:
+  run_schedule); default config.train's.
   """
+  schedule = schedule or learning_rate_schedule(train)
   # The chain keeps one shape whatever the settings, so a run can be resumed
   # with clipping switched off (an infinite threshold never clips).
   clip = train.grad_clip_norm if train.grad_clip_norm > 0 else float('inf')
   clip_norm = platform_ops.for_platform(platform).clip_by_global_norm(clip)
   # Fine-tuning's config.train has no optimizer field: AdamW.
   if train.get('optimizer', 'adamw') == 'stable_adamw':
-    return optax.chain(clip_norm, _stable_adamw(train))
+    return optax.chain(clip_norm, _stable_adamw(train, schedule))
   return optax.chain(
       clip_norm,
-      optax.adamw(learning_rate_schedule(train), b1=train.adam_b1, b2=train.adam_b2,
+      optax.adamw(schedule, b1=train.adam_b1, b2=train.adam_b2,
                   eps=train.adam_eps, weight_decay=train.weight_decay, mask=weight_decay_mask))

@@ -39,7 +39,8 @@ def split_rows(batch: Batch, k: int) -> Batch:
 def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
                     sentence_pair_weight: float = 1.0, chains: int = 1,
                     baseline_token: int = objective.NO_BASELINE,
-                    platform: str | None = None, ema_decay: float = 0.0) -> Callable:
+                    platform: str | None = None, ema_decay: float = 0.0,
+                    growing_batch: bool = False) -> Callable:
   """Returns train_step(state, batch, rng) -> (state, metrics); jit it with donation.
 
   The objective is sum(w * CE) / |M| with |M| = sum(masked_weights) over the
@@ -70,6 +71,13 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
   With `ema_decay` > 0 (the state then keeps ema_params), the average moves
   toward the updated parameters: ema = decay * ema + (1 - decay) * params,
   in the parameters' dtype. With 0 the step is the same program as without it.
+
+  `growing_batch` (a batch warm-up, phases.Plan): a step may fill only its
+  first j of the k micro-batches with real rows (the rest are padding rows,
+  all [PAD]); it then runs the forward and backward passes of those j only,
+  in a loop whose trip count is read from the batch, so a batch of any
+  number of micro-batches runs in the one compiled program. The loss is
+  still divided by the |M| of the whole (real) batch.
   """
   argmax = platform_ops.for_platform(platform).argmax
 
@@ -99,6 +107,23 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
 
     if grad_accum_steps == 1:
       grads, terms = grad_fn(state.params, batch, dropout_rng)
+    elif growing_batch:
+      micro_batches = split_rows(batch, grad_accum_steps)           # [k, B/k, ...]
+      # Micro-batches with a real row; the real ones come first (phases.Plan.positions).
+      used = jnp.sum(jnp.any(micro_batches['attention_mask'] > 0, axis=(1, 2)).astype(jnp.int32))
+
+      def add_micro(i, carry):
+        micro = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, i, 0, False),
+                                       micro_batches)
+        return jax.tree_util.tree_map(jnp.add, carry,
+                                      grad_fn(state.params, micro, jax.random.fold_in(dropout_rng, i)))
+
+      zero_terms = jax.tree_util.tree_map(
+          lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(lambda: grad_fn(
+              state.params, jax.tree_util.tree_map(lambda x: x[0], micro_batches),
+              dropout_rng)[1]))
+      zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params), zero_terms)
+      grads, terms = jax.lax.fori_loop(0, used, add_micro, zeros)
     else:
       k = grad_accum_steps
       micro_batches = split_rows(batch, k)                         # [k, B/k, ...]
