@@ -463,6 +463,7 @@ def test_per_row_counts_follow_a_linear_schedule_exactly(mode):
   n = (~np.isin(ids, SPECIAL)).sum(axis=1)
   k = np.floor(schedule.rate_at(steps) * n + 0.5)
   assert len(np.unique(k)) > 20  # The rate really moves.
+  np.testing.assert_array_equal(m.rate_at(steps), schedule.rate_at(steps))  # What a log reports.
   got = batch['masked_weights'].sum(axis=1)
   if mode == 'whole_word':  # Never a split word: short only where no word fits the rest.
     assert np.all(got <= k) and np.mean(got == k) > 0.9
@@ -503,6 +504,7 @@ def test_no_schedule_masks_as_before(mode):
   constant = masking.make_masker_for_ids(config, V, np.arange(V), S, word_start=WORD_START,
                                          rate_schedule=masking.RateSchedule(0, 9, 0.15, 0.3,
                                                                             'constant'))
+  assert default.rate_at(5) == constant.rate_at(5) == 0.15
   for m in (default, constant):
     after = m(ids, seed=3, step=7, rows=np.arange(200))
     for key in before:

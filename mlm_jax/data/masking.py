@@ -229,6 +229,12 @@ class Masker:
                        'word_start=tokenizer.word_start_mask())')
     object.__setattr__(self, '_cdf', np.cumsum(self.replacement_probs))
 
+  def rate_at(self, step: int | np.ndarray) -> float | np.ndarray:
+    """The selection rate at `step` (what a step's log reports): select_rate, or the schedule's."""
+    if self.rate_schedule is None:
+      return self.select_rate if np.ndim(step) == 0 else np.full(np.shape(step), self.select_rate)
+    return self.rate_schedule.rate_at(step)
+
   def num_selected(self, num_maskable: np.ndarray, step: int | np.ndarray = 0) -> np.ndarray:
     """Exact number of selections per row: min(P, max(1, round(rate*n))), 0 if n=0.
 
