@@ -1,9 +1,9 @@
 """BERT masking on the host, in numpy: a fresh mask for every row every step.
 
 Per row, exactly k = min(P, max(1, round(rate * n))) of its n maskable tokens
-are selected (the rate is config.masking.select_rate, or, with a RateSchedule,
-the schedule's rate at the row's own step) ([CLS], [SEP] and [PAD] never are, by the tokenizer's ids:
-`Specials.never_masked`). Which ones depends on the mode:
+are selected ([CLS], [SEP] and [PAD] never are, by the tokenizer's ids:
+`Specials.never_masked`); the rate is select_rate, or with a RateSchedule the
+schedule's rate at the row's own step. Which ones depends on the mode:
 
   token       k tokens uniformly at random (BERT).
   whole_word  whole words in random order, a word being a piece that starts
@@ -241,8 +241,7 @@ class Masker:
     num_maskable: [b]; step: one step or [b], each row's own, for the rate
     schedule's rate (ignored without one).
     """
-    rate = self.select_rate if self.rate_schedule is None else self.rate_schedule.rate_at(step)
-    k = np.floor(rate * num_maskable + 0.5).astype(np.int64)
+    k = np.floor(self.rate_at(step) * num_maskable + 0.5).astype(np.int64)
     k = np.clip(k, 1, self.max_predictions)
     return np.where(num_maskable > 0, k, 0)
 
