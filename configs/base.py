@@ -97,6 +97,17 @@ def get_config() -> ml_collections.ConfigDict:
   config.masking.max_predictions = config.data.get_ref('seq_len') * 5 // 32
   # Fraction of maskable tokens selected per row (exact count per row).
   config.masking.select_rate = 0.15
+  # How the selection rate moves during the run (or phase): 'constant'
+  # (select_rate throughout), 'linear' (from select_rate to final_select_rate
+  # over rate_change_tokens, then held) or 'step' (select_rate, then
+  # final_select_rate from rate_change_tokens on). max_predictions must hold
+  # the highest rate.
+  config.masking.rate_schedule = 'constant'
+  # The rate a 'linear' or 'step' schedule goes to, in (0, 1].
+  config.masking.final_select_rate = 0.0
+  # Tokens from the start of the run (or of the phase that sets them) at which
+  # the rate reaches final_select_rate; 0: the end of the run or phase.
+  config.masking.rate_change_tokens = 0
   # Of the selected tokens: fraction replaced by [MASK].
   config.masking.mask_prob = 0.8
   # Of the selected tokens: fraction replaced by a random token (rest: kept).

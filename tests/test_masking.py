@@ -1,11 +1,14 @@
 """Masking: the BERT recipe's statistics, exact counts, special tokens, determinism."""
 
+import pickle
+
 import ml_collections
 import numpy as np
 import pytest
 from scipy import stats
 
 from configs import base
+from mlm_jax.config_check import ConfigError
 from mlm_jax.data import masking
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
@@ -422,3 +425,142 @@ def test_other_special_layouts_take_their_ids_from_the_specials(mode):
   same = masking.make_masker_for_ids(config, V, None, S, word_start=word_start)(
       rows, seed=2, step=0, rows=np.arange(len(rows)))
   np.testing.assert_array_equal(batch['masked_positions'], same['masked_positions'])
+
+
+# ---------------------------------------------------------------- rate schedules
+
+def _scheduled(mode, schedule, p=64):
+  """A masker of `mode` (rate 0.15 without a schedule) with `schedule` and room for 50%."""
+  config = ml_collections.ConfigDict(dict(
+      max_predictions=p, select_rate=0.15, mask_prob=0.8, random_prob=0.1,
+      random_source='unigram', mode=mode, span_p=0.2, span_max_length=10))
+  return masking.make_masker_for_ids(config, V, np.arange(V), S, word_start=WORD_START,
+                                     rate_schedule=schedule)
+
+
+def test_rate_schedules_as_functions_of_the_step():
+  linear = masking.RateSchedule(10, 30, 0.3, 0.1, 'linear')
+  np.testing.assert_allclose(linear.rate_at(np.array([0, 10, 20, 29, 30, 1000])),
+                             [0.3, 0.3, 0.2, 0.3 - 0.2 * 19 / 20, 0.1, 0.1])
+  assert linear.rate_at(30) == 0.1 and isinstance(linear.rate_at(20), float)
+  step = masking.RateSchedule(0, 5, 0.3, 0.15, 'step')
+  np.testing.assert_array_equal(step.rate_at(np.arange(8)), [0.3] * 5 + [0.15] * 3)
+  assert masking.RateSchedule(0, 5, 0.2, 0.4, 'constant').rate_at(np.arange(9)).tolist() == [0.2] * 9
+  # Counting from a phase's first step: nothing moves before it.
+  later = masking.RateSchedule(100, 200, 0.15, 0.3, 'linear')
+  np.testing.assert_allclose(later.rate_at(np.array([0, 100, 150, 200])), [0.15, 0.15, 0.225, 0.3])
+
+
+@pytest.mark.parametrize('mode', masking.MODES)
+def test_per_row_counts_follow_a_linear_schedule_exactly(mode):
+  # 40 steps of 8 rows, masked in one call as a chunk of grain's is: each row
+  # gets k = round(rate(its step) * n), the rate running from 0.5 down to 0.1.
+  schedule = masking.RateSchedule(0, 30, 0.5, 0.1, 'linear')
+  m = _scheduled(mode, schedule)
+  ids = _rows(320, seed=14, vocab_lo=1000)
+  steps = np.repeat(np.arange(40), 8)
+  batch = m(ids, seed=5, step=steps, rows=np.arange(320))
+  n = (~np.isin(ids, SPECIAL)).sum(axis=1)
+  k = np.floor(schedule.rate_at(steps) * n + 0.5)
+  assert len(np.unique(k)) > 20  # The rate really moves.
+  np.testing.assert_array_equal(m.rate_at(steps), schedule.rate_at(steps))  # What a log reports.
+  got = batch['masked_weights'].sum(axis=1)
+  if mode == 'whole_word':  # Never a split word: short only where no word fits the rest.
+    assert np.all(got <= k) and np.mean(got == k) > 0.9
+  else:
+    np.testing.assert_array_equal(got, k)
+  assert not np.isin(ids[_selected_mask(batch)], SPECIAL).any()
+  # The 80/10/10 split is the configured one whatever the rate.
+  kinds = batch['masked_kinds'][batch['masked_weights'] > 0]
+  assert abs(np.mean(kinds == 1) - 0.8) < 0.03
+  # A row's mask depends on its own step only, not on the others in the call.
+  alone = m(ids[:8], seed=5, step=0, rows=np.arange(8))
+  for key in alone:
+    np.testing.assert_array_equal(alone[key], batch[key][:8])
+
+
+@pytest.mark.parametrize('mode', masking.MODES)
+def test_step_schedule_switches_at_its_boundary(mode):
+  m = _scheduled(mode, masking.RateSchedule(0, 100, 0.15, 0.4, 'step'))
+  ids = _rows(400, seed=15, vocab_lo=1000)
+  n = (~np.isin(ids, SPECIAL)).sum(axis=1)
+  for step, rate in [(0, 0.15), (99, 0.15), (100, 0.4), (500, 0.4)]:
+    got = m(ids, seed=1, step=step, rows=np.arange(400))['masked_weights'].sum(axis=1)
+    k = np.floor(rate * n + 0.5)
+    assert np.all(got <= k) and np.mean(got == k) > (0.9 if mode == 'whole_word' else 0.999)
+    assert abs(got.sum() / n.sum() - rate) < 0.01
+
+
+@pytest.mark.parametrize('mode', masking.MODES)
+def test_no_schedule_masks_as_before(mode):
+  # rate_schedule=None is today's masker; a constant schedule at select_rate
+  # gives the same batch bit for bit.
+  ids = _rows(200, seed=16)
+  before = _mode_masker(mode)(ids, seed=3, step=7, rows=np.arange(200))
+  config = base.get_config().masking
+  config.update(dict(max_predictions=P, mode=mode))
+  assert masking.RateSchedule.from_config(config, 0, 100) is None
+  default = masking.make_masker_for_ids(config, V, np.arange(V), S, word_start=WORD_START)
+  constant = masking.make_masker_for_ids(config, V, np.arange(V), S, word_start=WORD_START,
+                                         rate_schedule=masking.RateSchedule(0, 9, 0.15, 0.3,
+                                                                            'constant'))
+  assert default.rate_at(5) == constant.rate_at(5) == 0.15
+  for m in (default, constant):
+    after = m(ids, seed=3, step=7, rows=np.arange(200))
+    for key in before:
+      np.testing.assert_array_equal(before[key], after[key])
+
+
+def test_scheduled_masker_pickles_into_workers():
+  m = _scheduled('span', masking.RateSchedule(0, 10, 0.3, 0.15, 'linear'))
+  copy = pickle.loads(pickle.dumps(m))
+  assert copy.rate_schedule == m.rate_schedule
+  ids = _rows(40, seed=17)
+  steps = np.repeat(np.arange(0, 20, 4), 8)
+  a = m(ids, seed=2, step=steps, rows=np.arange(40))
+  b = copy(ids, seed=2, step=steps, rows=np.arange(40))
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_schedule_from_config_and_the_highest_rate():
+  config = base.get_config().masking
+  assert masking.max_rate(config) == 0.15
+  config.update(dict(rate_schedule='step', select_rate=0.3, final_select_rate=0.15))
+  assert masking.max_rate(config) == 0.3
+  assert masking.RateSchedule.from_config(config, 5, 50) == masking.RateSchedule(
+      start_step=5, end_step=50, start_rate=0.3, end_rate=0.15, kind='step')
+  config.update(dict(rate_schedule='linear', select_rate=0.15, final_select_rate=0.4))
+  assert masking.max_rate(config) == 0.4
+
+
+def _schedule_config(**fields):
+  config = base.get_config()
+  config.data.seq_len = 130  # 128 maskable tokens at most.
+  config.masking.max_predictions = 64
+  config.masking.update(fields)
+  return config.masking
+
+
+@pytest.mark.parametrize('fields,words', [
+    (dict(rate_schedule='cosine'),
+     "config.masking.rate_schedule='cosine'"),
+    (dict(rate_schedule='linear', final_select_rate=0.0),
+     'config.masking.final_select_rate=0.0 must be in (0, 1]'),
+    (dict(rate_schedule='step', final_select_rate=1.5),
+     'config.masking.final_select_rate=1.5 must be in (0, 1]'),
+    (dict(rate_change_tokens=-1), 'config.masking.rate_change_tokens=-1 must be >= 0'),
+    # 0.6 * 128 = 76.8: P=64 is too small; the message names the P to set.
+    (dict(rate_schedule='linear', final_select_rate=0.6),
+     'set --config.masking.max_predictions=77 (the static P is sized for the highest rate)'),
+])
+def test_bad_rate_schedules_fail_in_one_line(fields, words):
+  m = _schedule_config(**fields)
+  with pytest.raises(ConfigError) as e:
+    masking.check_config(m, 130)
+  assert words in str(e.value) and '\n' not in str(e.value)
+
+
+def test_a_schedule_within_p_passes_the_check():
+  masking.check_config(_schedule_config(rate_schedule='linear', final_select_rate=0.5), 130)
+  masking.check_config(_schedule_config(final_select_rate=0.9), 130)  # Unused when constant.

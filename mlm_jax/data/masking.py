@@ -2,7 +2,8 @@
 
 Per row, exactly k = min(P, max(1, round(rate * n))) of its n maskable tokens
 are selected ([CLS], [SEP] and [PAD] never are, by the tokenizer's ids:
-`Specials.never_masked`). Which ones depends on the mode:
+`Specials.never_masked`); the rate is select_rate, or with a RateSchedule the
+schedule's rate at the row's own step. Which ones depends on the mode:
 
   token       k tokens uniformly at random (BERT).
   whole_word  whole words in random order, a word being a piece that starts
@@ -53,6 +54,76 @@ RANDOM_SOURCES = ('unigram', 'uniform')
 # Independent streams of the hash: one per random decision. Other modules
 # that draw from `uniform` (e.g. the sentence-pair builder) use streams >= 100.
 _SELECT, _ACTION, _TOKEN, _SPAN_LENGTH, _SPAN_PLACE = 1, 2, 3, 4, 5
+# How the selection rate moves during a run (config.masking.rate_schedule).
+RATE_SCHEDULES = ('constant', 'linear', 'step')
+
+
+@dataclasses.dataclass(frozen=True)
+class RateSchedule:
+  """The selection rate as a function of the training step.
+
+  constant  start_rate at every step.
+  linear    start_rate up to start_step, then linearly to end_rate at end_step,
+            end_rate from there on.
+  step      start_rate before end_step, end_rate from end_step on.
+
+  Steps, not tokens: the trainer converts config.masking.rate_change_tokens
+  to a step (it knows every step's batch size). Plain numbers only, so that
+  it pickles into grain's worker processes with the Masker.
+  """
+
+  start_step: int
+  end_step: int
+  start_rate: float
+  end_rate: float
+  kind: str  # RATE_SCHEDULES
+
+  def __post_init__(self):
+    one_of('masking', 'rate_schedule', self.kind, RATE_SCHEDULES)
+    for name in ('start_rate', 'end_rate'):
+      if not 0.0 < getattr(self, name) <= 1.0:
+        raise ValueError(f'RateSchedule.{name}={getattr(self, name)} must be in (0, 1]')
+    if self.end_step < self.start_step:
+      raise ValueError(f'RateSchedule.end_step={self.end_step} is before '
+                       f'start_step={self.start_step}')
+
+  def rate_at(self, step: int | np.ndarray) -> float | np.ndarray:
+    """The rate at `step` (one step: a float; an array of steps: float64 of its shape)."""
+    steps = np.asarray(step, np.float64)
+    if self.kind == 'constant':
+      rates = np.full(steps.shape, self.start_rate)
+    elif self.kind == 'step':
+      rates = np.where(steps < self.end_step, self.start_rate, self.end_rate)
+    else:
+      # An empty ramp (end_step == start_step) switches at once, as 'step' does.
+      span = max(self.end_step - self.start_step, 1)
+      done = np.clip((steps - self.start_step) / span, 0.0, 1.0)
+      rates = self.start_rate + done * (self.end_rate - self.start_rate)
+      rates = np.where(steps >= self.end_step, self.end_rate, rates)  # Exactly end_rate after.
+    return float(rates) if np.ndim(step) == 0 else rates
+
+  @classmethod
+  def from_config(cls, masking_config: ml_collections.ConfigDict, start_step: int,
+                  end_step: int) -> RateSchedule | None:
+    """config.masking's schedule over [start_step, end_step]; None for 'constant'.
+
+    end_step is the step that rate_change_tokens reaches (or the end of the run
+    or phase when it is 0), as the caller counts steps. None keeps the Masker
+    on select_rate, bit-identical to a run without a schedule.
+    """
+    kind = masking_config.get('rate_schedule', 'constant')
+    if kind == 'constant':
+      return None
+    return cls(start_step=int(start_step), end_step=int(end_step),
+               start_rate=float(masking_config.select_rate),
+               end_rate=float(masking_config.final_select_rate), kind=kind)
+
+
+def max_rate(masking_config: ml_collections.ConfigDict) -> float:
+  """The highest selection rate config.masking reaches: what the static P is sized for."""
+  if masking_config.get('rate_schedule', 'constant') == 'constant':
+    return float(masking_config.select_rate)
+  return float(max(masking_config.select_rate, masking_config.final_select_rate))
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -146,6 +217,9 @@ class Masker:
   # Whole-word mode: [vocab] bool, True where a piece starts a word
   # (tokenizer.word_start_mask()).
   word_start: np.ndarray | None = None
+  # The rate per step during a run; None: select_rate at every step. P must
+  # hold the schedule's highest rate (check_config), else rows are capped at P.
+  rate_schedule: RateSchedule | None = None
 
   def __post_init__(self):
     one_of('masking', 'mode', self.mode, MODES)
@@ -155,9 +229,19 @@ class Masker:
                        'word_start=tokenizer.word_start_mask())')
     object.__setattr__(self, '_cdf', np.cumsum(self.replacement_probs))
 
-  def num_selected(self, num_maskable: np.ndarray) -> np.ndarray:
-    """Exact number of selections per row: min(P, max(1, round(rate*n))), 0 if n=0."""
-    k = np.floor(self.select_rate * num_maskable + 0.5).astype(np.int64)
+  def rate_at(self, step: int | np.ndarray) -> float | np.ndarray:
+    """The selection rate at `step` (what a step's log reports): select_rate, or the schedule's."""
+    if self.rate_schedule is None:
+      return self.select_rate if np.ndim(step) == 0 else np.full(np.shape(step), self.select_rate)
+    return self.rate_schedule.rate_at(step)
+
+  def num_selected(self, num_maskable: np.ndarray, step: int | np.ndarray = 0) -> np.ndarray:
+    """Exact number of selections per row: min(P, max(1, round(rate*n))), 0 if n=0.
+
+    num_maskable: [b]; step: one step or [b], each row's own, for the rate
+    schedule's rate (ignored without one).
+    """
+    k = np.floor(self.rate_at(step) * num_maskable + 0.5).astype(np.int64)
     k = np.clip(k, 1, self.max_predictions)
     return np.where(num_maskable > 0, k, 0)
 
@@ -170,7 +254,7 @@ class Masker:
     b, t = input_ids.shape
     pad, cls, sep = self.specials.never_masked
     maskable = (input_ids != pad) & (input_ids != cls) & (input_ids != sep)
-    k = self.num_selected(maskable.sum(axis=1))
+    k = self.num_selected(maskable.sum(axis=1), step)
     select = {'token': self._select_tokens, 'whole_word': self._select_words,
               'span': self._select_spans}[self.mode]
     positions, valid = select(input_ids, maskable, k, seed=seed, step=step, rows=rows)
@@ -292,27 +376,32 @@ class Masker:
 
 
 def make_masker(masking_config: ml_collections.ConfigDict, tokenizer: tok_lib.Tokenizer,
-                unigram_counts: np.ndarray | None) -> Masker:
+                unigram_counts: np.ndarray | None,
+                rate_schedule: RateSchedule | None = None) -> Masker:
   """A Masker from `config.masking` for rows of `tokenizer`'s ids.
 
   Its special ids, the ids never drawn as replacements (tokenizer.special_ids())
   and, in whole-word mode, its word starts come from the tokenizer.
+  rate_schedule: the rate per step (RateSchedule.from_config); None: select_rate.
   """
   whole_word = masking_config.mode == 'whole_word'
   return make_masker_for_ids(
       masking_config, tokenizer.vocab_size, unigram_counts, tokenizer.specials,
       special_ids=tokenizer.special_ids(),
-      word_start=tokenizer.word_start_mask() if whole_word else None)
+      word_start=tokenizer.word_start_mask() if whole_word else None,
+      rate_schedule=rate_schedule)
 
 
 def make_masker_for_ids(masking_config: ml_collections.ConfigDict, vocab_size: int,
                         unigram_counts: np.ndarray | None, specials: tok_lib.Specials, *,
                         special_ids: Sequence[int] | np.ndarray | None = None,
-                        word_start: np.ndarray | None = None) -> Masker:
+                        word_start: np.ndarray | None = None,
+                        rate_schedule: RateSchedule | None = None) -> Masker:
   """A Masker from `config.masking` without a tokenizer (synthetic ids, benchmarks).
 
   `special_ids`: ids never drawn as replacements (default: the roles' ids,
-  specials.ids); `word_start`: [vocab] bool, needed in whole-word mode.
+  specials.ids); `word_start`: [vocab] bool, needed in whole-word mode;
+  `rate_schedule`: the rate per step, None: select_rate at every step.
   """
   return Masker(
       max_predictions=masking_config.max_predictions,
@@ -326,7 +415,8 @@ def make_masker_for_ids(masking_config: ml_collections.ConfigDict, vocab_size: i
       span_p=masking_config.span_p,
       span_max=masking_config.span_max_length,
       specials=specials,
-      word_start=None if word_start is None else np.asarray(word_start, bool))
+      word_start=None if word_start is None else np.asarray(word_start, bool),
+      rate_schedule=rate_schedule)
 
 
 def check_config(m: ml_collections.ConfigDict, seq_len: int) -> None:
@@ -346,3 +436,19 @@ def check_config(m: ml_collections.ConfigDict, seq_len: int) -> None:
   require(0.0 < m.span_p <= 1.0, f'config.masking.span_p={m.span_p} must be in (0, 1].')
   require(m.span_max_length >= 1,
           f'config.masking.span_max_length={m.span_max_length} must be at least 1.')
+  one_of('masking', 'rate_schedule', m.rate_schedule, RATE_SCHEDULES)
+  require(m.rate_change_tokens >= 0,
+          f'config.masking.rate_change_tokens={m.rate_change_tokens} must be >= 0 '
+          '(0: the end of the run or phase).')
+  if m.rate_schedule == 'constant':
+    return
+  require(0.0 < m.final_select_rate <= 1.0,
+          f'config.masking.final_select_rate={m.final_select_rate} must be in (0, 1] with '
+          f'config.masking.rate_schedule={m.rate_schedule!r}.')
+  # A row of seq_len tokens has at most seq_len - 2 maskable ones ([CLS], [SEP]).
+  needed = int(np.floor(max_rate(m) * (seq_len - 2) + 0.5))
+  require(m.max_predictions >= needed,
+          f'config.masking.max_predictions={m.max_predictions} (P) holds fewer than the {needed} '
+          f'masked slots a full row gets at the schedule\'s highest rate {max_rate(m)}: set '
+          f'--config.masking.max_predictions={needed} (the static P is sized for the highest '
+          'rate).')
