@@ -21,6 +21,7 @@ from typing import Any
 import ml_collections
 from absl import logging
 
+from mlm_jax import phases
 from mlm_jax import saved_config
 from mlm_jax import training_config
 from mlm_jax.config_check import ConfigError
@@ -77,6 +78,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   _check_mesh(config, num_devices)
   if check_paths:
     _check_init(config)
+  plan = phases.check(config)  # The phases and the batch warm-up.
+  if config.get('phases'):
+    for phase in plan:  # Each phase is a whole config of its own.
+      validate(phase.config, num_devices, check_paths)
 
 
 def _check_mesh(config: ml_collections.ConfigDict, num_devices: int | None) -> None:

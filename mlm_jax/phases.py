@@ -43,6 +43,7 @@ import numpy as np
 
 from mlm_jax.config_check import ConfigError
 from mlm_jax.config_check import require
+from mlm_jax.data import masking
 
 # What a phase entry may hold.
 PHASE_KEYS = ('name', 'steps', 'tokens', 'fresh_optimizer', 'overrides')
@@ -113,6 +114,7 @@ class Plan:
       phase_config = _apply(previous, entry['overrides'], entry['name']) if self.phased else config
       if self.phased:
         _check_shape(config, phase_config, entry)
+        _check_data_dir(config, phase_config, entry['name'])
       t = phase_config.data.seq_len
       ramp = _warmup_levels(config.train, t, phase_config.train.batch_size) if index == 0 else []
       phase_tokens = tokens
@@ -148,10 +150,11 @@ class Plan:
                     phase_config)
       self.phases.append(phase)
       self._levels.extend(levels)
-      _check_phase_schedules(phase, self)
       step, previous = step_end, phase_config
     self.num_steps = step
     self._starts = np.array([lv.start for lv in self._levels], np.int64)
+    for phase in self.phases:
+      _check_phase_schedules(phase, self)
 
   # ------------------------------------------------------------- per step
   def phase_at(self, step: int) -> Phase:
@@ -222,26 +225,23 @@ class Plan:
     for phase in self.phases:
       here = (steps >= phase.start_step) & ((steps < phase.end_step) | (phase is self.phases[-1]))
       if here.any():
-        start, end, first, last, kind = self.rate_schedule(phase)
-        out[here] = rate_at(steps[here], start, end, first, last, kind)
+        schedule = self.rate_schedule(phase)
+        out[here] = (phase.config.masking.select_rate if schedule is None
+                     else schedule.rate_at(steps[here]))
     return out
 
-  def rate_schedule(self, phase: Phase) -> tuple[int, int, float, float, str]:
-    """(start_step, end_step, start_rate, end_rate, kind) of a phase's masking rate.
+  def rate_schedule(self, phase: Phase) -> masking.RateSchedule | None:
+    """A phase's masking-rate schedule over global steps; None: select_rate throughout.
 
-    config.masking.rate_schedule: 'constant' (select_rate), 'linear' (from
-    select_rate to final_select_rate over rate_change_tokens from the phase's
-    start, 0: the whole phase, then held) or 'step' (final_select_rate from
-    that point on).
+    config.masking.rate_schedule: 'linear' moves from select_rate to
+    final_select_rate over rate_change_tokens from the phase's start (0: the
+    whole phase), then holds; 'step' switches there.
     """
     m = phase.config.masking
-    kind = m.get('rate_schedule', 'constant')
-    if kind == 'constant':
-      return phase.start_step, phase.end_step, m.select_rate, m.select_rate, kind
     change = m.get('rate_change_tokens', 0)
     end = (phase.start_step + self.steps_for_tokens(phase.start_step, change) if change
            else phase.end_step)
-    return phase.start_step, end, m.select_rate, m.final_select_rate, kind
+    return masking.RateSchedule.from_config(m, phase.start_step, end)
 
   def describe(self) -> list[dict[str, Any]]:
     """A row per phase: the plan as recorded in WORKDIR/phases.json and logged."""
@@ -335,6 +335,17 @@ def _check_shape(first: ml_collections.ConfigDict, config: ml_collections.Config
                   'another run from this one with config.init.workdir instead.'))
 
 
+def _check_data_dir(first: ml_collections.ConfigDict, config: ml_collections.ConfigDict,
+                    name: str) -> None:
+  """A phase that prepares other rows (another length or corpus) needs a data dir of its own."""
+  if not first.data.data_dir or config.data.to_dict() == first.data.to_dict():
+    return
+  require(config.data.data_dir != first.data.data_dir,
+          f'phase {name!r} changes config.data but keeps config.data.data_dir='
+          f'{first.data.data_dir!r}, which holds the first phase\'s rows: give the phase its '
+          "own data_dir in its overrides (or leave data_dir empty: a cache dir per setting).")
+
+
 def _check_warmup_fields(train: ml_collections.ConfigDict) -> None:
   tokens, start = train.batch_warmup_tokens, train.batch_warmup_start
   require(tokens >= 0, f'config.train.batch_warmup_tokens={tokens} must be >= 0 (0: no '
@@ -389,18 +400,6 @@ def _check_phase_schedules(phase: Phase, plan: Plan) -> None:
     require(change <= phase_tokens,
             f'phase {phase.name!r}: config.masking.rate_change_tokens={change:,} is longer than '
             f'the phase ({phase_tokens:,} tokens).')
-
-
-def rate_at(steps: np.ndarray, start: int, end: int, first: float, last: float,
-            kind: str) -> np.ndarray:
-  """The masking rate at global `steps` of a (start, end, first, last, kind) schedule."""
-  steps = np.asarray(steps, np.float64)
-  if kind == 'constant':
-    return np.full(steps.shape, first)
-  if kind == 'step':
-    return np.where(steps < end, first, last)
-  frac = np.clip((steps - start) / max(end - start, 1), 0.0, 1.0)
-  return first + (last - first) * frac
 
 
 def learning_rate_offset(plan: Plan, phase: Phase) -> int:

@@ -86,11 +86,17 @@ class ModelConfig:
             "devices[0].platform, or jax.default_backend() where it runs here).")
 
   def shape_record(self) -> dict[str, Any]:
-    """What a checkpoint's parameters must agree with to be loaded into this model."""
-    return {k: getattr(self, k) for k in (
-        'vocab_size', 'padded_vocab_size', 'num_layers', 'hidden_size', 'num_heads',
-        'intermediate_size', 'max_position_embeddings', 'type_vocab_size',
-        'scan_layers', 'sentence_pair_head', 'variant')}
+    """What a checkpoint's parameters must agree with to be loaded into this model.
+
+    A rotary model's max_position_embeddings sizes no table (a run may lengthen
+    its rows from one phase to the next), so it is left out.
+    """
+    fields = ('vocab_size', 'padded_vocab_size', 'num_layers', 'hidden_size', 'num_heads',
+              'intermediate_size', 'max_position_embeddings', 'type_vocab_size',
+              'scan_layers', 'sentence_pair_head', 'variant')
+    if self.variant == 'modern':
+      fields = tuple(f for f in fields if f != 'max_position_embeddings')
+    return {k: getattr(self, k) for k in fields}
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int, padded_vocab_size: int,

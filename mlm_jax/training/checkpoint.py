@@ -35,6 +35,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 from jax.experimental import multihost_utils
 
 from mlm_jax.training import preemption
@@ -253,6 +254,14 @@ class Checkpointer:
     return CheckpointWriteError(
         f'checkpoint {step} could not be written to {self.directory} ({free} free): '
         f'{_reason(error)}. {keep.capitalize()}; run the same command once the disk is fixed.')
+
+
+def latest_step(directory: str) -> int:
+  """The newest step saved in `directory` (0: none), by its step folders' names."""
+  path = epath.Path(directory)
+  if not path.is_dir():
+    return 0
+  return max((int(p.name) for p in path.iterdir() if p.name.isdigit()), default=0)
 
 
 def check_meta(saved: dict, expected: dict, where: str) -> None:

@@ -9,6 +9,9 @@ package never resolves or checks a config itself.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
+import functools
 import os
 import time
 from typing import Any
@@ -19,6 +22,7 @@ import ml_collections
 from absl import logging
 from jax.experimental import multihost_utils
 
+from mlm_jax import phases
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
@@ -43,7 +47,8 @@ from mlm_jax.training import workdir as workdir_lib
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains until config.train.num_steps (resuming from `workdir`); returns the run's summary.
+  """Trains until config.train.num_steps, or through every phase of config.phases (resuming
+  from `workdir`); returns the run's summary.
 
   `config`: resolved by configuration.resolve (with config.init, the
   checkpoint's architecture filled in). One run at a time per workdir:
@@ -51,17 +56,56 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   workdir = os.path.abspath(workdir)
   with lock.hold(workdir):
-    return _train_and_evaluate(config, workdir)
+    plan = phases.Plan(config)
+    if not plan.phased:
+      return _train_phase(config, workdir, plan, plan.phases[0]).summary
+    if jax.process_index() == 0:
+      workdir_lib.record_plan(workdir, plan.describe())
+    while True:
+      phase = plan.phase_at(checkpoint.latest_step(workdir_lib.checkpoint_dir(workdir)))
+      done = _train_phase(_phase_config(plan, phase, workdir), workdir, plan, phase)
+      if done.stopped or (done.finished and phase is plan.phases[-1]):
+        return done.summary
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class _PhaseEnd:
+  summary: dict[str, Any]
+  stopped: bool    # By a signal: the same command resumes.
+  finished: bool   # The phase ran to its last step (else the checkpoint read was older).
+
+
+def _phase_config(plan: phases.Plan, phase: phases.Phase,
+                  workdir: str) -> ml_collections.ConfigDict:
+  """A phase's config. A phase whose data differs from the first phase's reads the run's
+  tokenizer, so that the ids keep their meaning whatever corpus or length it prepares."""
+  config = phase.config
+  if (config.data.to_dict() == plan.phases[0].config.data.to_dict()
+      or config.tokenizer.model_file or config.init.hf_dir or config.init.workdir):
+    return config
+  config = copy.deepcopy(config)
+  config.tokenizer.model_file = tok_lib.tokenizer_files(workdir)
+  return config
+
+
+def _train_phase(config: ml_collections.ConfigDict, workdir: str, plan: phases.Plan,
+                 phase: phases.Phase) -> _PhaseEnd:
   run_start, is_main = time.perf_counter(), jax.process_index() == 0
   # ----------------------------------------------------------------- build
-  data, masker, mesh, built = _build(config)
+  data, masker, mesh, built = _build(config, plan, phase)
   workdir_lib.check_tokenizer(workdir, data.tokenizer)
   # ---------------------------------------------------------------- resume
   checkpointer = checkpoint.Checkpointer(workdir_lib.checkpoint_dir(workdir), config.train)
   state, start_step = _resume(built, checkpointer, config, data)
+  if start_step < phase.start_step:  # The phase's checkpoint did not read: an earlier phase's.
+    checkpointer.close()
+    return _PhaseEnd({}, stopped=False, finished=False)
+  if phase.fresh_optimizer and start_step == phase.start_step:
+    state = state.replace(opt_state=built.init_state().opt_state)
+    logging.info('Phase %r starts a fresh optimizer at step %d', phase.name, start_step)
+  if plan.phased:
+    logging.info('Phase %d/%d %r: steps %d..%d, %s', phase.index + 1, len(plan.phases),
+                 phase.name, phase.start_step, phase.end_step, plan.describe()[phase.index])
   resolved = workdir_lib.resolved_config(config, data)
   if is_main:   # Only once the checkpoints are known to fit: a refused resume keeps the record.
     workdir_lib.record(workdir, resolved, data.tokenizer)
@@ -69,22 +113,28 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   # ------------------------------------------------------------------ loop
   train, series = config.train, metrics.read_metrics(workdir)
   mixed = mixture_run.for_run(config, data, start_step, series)  # None: one corpus.
+  positions = None
+  if plan.phased or train.batch_warmup_tokens:  # Else step s holds rows s*B .. s*B+B-1.
+    positions = functools.partial(plan.positions, capacity=train.batch_size,
+                                  micro_batches=train.grad_accum_steps)
   batches = pipeline.train_batches(
       data.source('train'), masker, global_batch=train.batch_size, seed=config.seed,
       start_step=start_step, process_index=jax.process_index(),
       process_count=jax.process_count(), prefetch=config.input.prefetch,
       worker_count=config.input.worker_count, sentence_pair=config.sentence_pair.task,
-      order=mixed and mixed.order)
+      order=mixed and mixed.order, positions=positions)
   feed = feed_lib.DeviceFeed(batches, mesh)
   log = report_lib.TrainingLog(
       metrics.MetricsWriter(workdir, enabled=is_main, tensorboard=train.tensorboard,
                             hparams=resolved, start_step=start_step),
       feed, start_step=start_step, num_steps=train.num_steps, show=is_main,
       earlier_tokens=summary.tokens_before(series, start_step),
-      checkpoint_dir=checkpointer.directory, figures=mixed and mixed.figures)
+      checkpoint_dir=checkpointer.directory,
+      figures=functools.partial(_step_figures, plan, phase, mixed))
   profiler = profiling.StepProfiler(workdir, config.profile, resumed_at=start_step)
   stop = preemption.StopRequest(multi_process=jax.process_count() > 1)
   step, last_eval, stopping = start_step, {}, False
+  eval_masker = dataclasses.replace(masker, rate_schedule=None)
   with stop, _closing(batches, profiler, log, checkpointer):
     while step < train.num_steps and not stopping:
       with profiler.step_context(step + 1):
@@ -102,7 +152,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       if final or step % train.log_every == 0:  # A stop logs too: a resume knows the tokens.
         log.write(step)
       if step == train.num_steps or step % train.eval_every == 0:
-        last_eval = heldout.evaluate_with_ema(built.eval_step, state, data, masker,
+        # Held-out masks at the phase's select_rate: comparable from one evaluation to the next.
+        last_eval = heldout.evaluate_with_ema(built.eval_step, state, data, eval_masker,
                                               config.eval, config.sentence_pair.task, mesh)
         log.write_eval(step, last_eval)
       if final or checkpointer.should_save(step):
@@ -113,8 +164,24 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     logging.warning('Stopped by %s at step %d; checkpoint saved. Run the same command to '
                     'resume.', stop.signal_name, step)
   # --------------------------------------------------------------- summary
-  return _finish(config, built, state, mesh, workdir, log, last_eval, step=step,
-                 start_step=start_step, wall_time_s=time.perf_counter() - run_start)
+  result = _finish(config, built, state, mesh, workdir, log, last_eval, step=step,
+                   start_step=start_step, wall_time_s=time.perf_counter() - run_start)
+  return _PhaseEnd(result, stopped=stopping, finished=step >= train.num_steps)
+
+
+def _step_figures(plan: phases.Plan, phase: phases.Phase, mixed: mixture_run.MixtureRun | None,
+                  step: int) -> dict[str, Any]:
+  """What a log record adds at `step` (steps done): the phase, and the global batch, the
+  masking rate and the nominal tokens (rows x T) of the plan; a mixture's figures per source."""
+  last = step - 1  # The step just taken.
+  out = {'batch_size': int(plan.batch_size(last)),
+         'masking_rate': float(plan.masking_rate(last)[0]),
+         'planned_tokens': int(plan.tokens_before(step))}
+  if plan.phased:
+    out |= {'phase': phase.name, 'phase_index': phase.index}
+  if mixed is not None:
+    out |= mixed.figures(step)
+  return out
 
 
 def evaluate_start(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -139,14 +206,19 @@ def evaluate_start(config: ml_collections.ConfigDict) -> dict[str, Any]:
 # ---------------------------------------------------------------- helpers
 
 
-def _build(config: ml_collections.ConfigDict) -> tuple[
+def _build(config: ml_collections.ConfigDict, plan: phases.Plan | None = None,
+           phase: phases.Phase | None = None) -> tuple[
     prepared.PreparedData, masking.Masker, Any, build_lib.Built]:
-  """(data, masker, mesh, built step functions) of a run of the resolved `config`."""
+  """(data, masker, mesh, built step functions) of a run of the resolved `config` (the config
+  of `phase` of `plan`, when given)."""
   data = _prepared_data(config)
   vocab_size = tok_lib.model_vocab_size(config.model.vocab_size, data.tokenizer.vocab_size)
-  masker = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
+  rate_schedule = plan.rate_schedule(phase) if phase is not None else None
+  masker = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts,
+                               rate_schedule=rate_schedule)
   mesh = sharding.make_mesh(config.mesh.fsdp)
-  built = build_lib.build(config, vocab_size, mesh, baseline_token=data.most_frequent_token())
+  built = build_lib.build(config, vocab_size, mesh, baseline_token=data.most_frequent_token(),
+                          plan=plan, phase=phase)
   return data, masker, mesh, built
 
 

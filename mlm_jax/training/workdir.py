@@ -3,7 +3,9 @@
 `export_hf` is the export of a run: it reads the checkpoint here and hands its
 arrays to the converter (interop/mlm_export.py), which reads no run itself.
 
-  WORKDIR/config.json       the resolved config (model shape, masking, data dir, vocab)
+  WORKDIR/config.json       the resolved config (model shape, masking, data dir, vocab); in
+                            a run of phases, the current phase's
+  WORKDIR/phases.json       a run of phases: a row per phase (steps, tokens, T, masking, ...)
   WORKDIR/tokenizer.model   the run's tokenizer: a sentencepiece model, or
   WORKDIR/tokenizer/        a Hugging Face tokenizer's files
   WORKDIR/checkpoints/<n>/  Orbax checkpoints
@@ -52,6 +54,15 @@ def resolved_config(config: ml_collections.ConfigDict,
                           'num_devices': jax.device_count(), 'num_processes': jax.process_count(),
                           'backend': jax.default_backend()}
   return resolved
+
+
+def record_plan(workdir: str, plan: list[dict[str, Any]]) -> None:
+  """Writes WORKDIR/phases.json: a row per phase of a run in phases (phases.Plan.describe)."""
+  os.makedirs(workdir, exist_ok=True)
+  tmp = os.path.join(workdir, 'phases.json.tmp')
+  with open(tmp, 'w') as f:
+    json.dump(plan, f, indent=2)
+  os.replace(tmp, os.path.join(workdir, 'phases.json'))
 
 
 def _recorded_tokenizer(workdir: str) -> str | None:

@@ -1,0 +1,241 @@
+"""A run in phases (config.phases) and the batch warm-up: the plan, its checks, and a run that
+resumes bit-identically from a kill in its second phase."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from mlm_jax import configuration
+from mlm_jax import phases
+from mlm_jax.training import checkpoint
+from mlm_jax.training import optimizer
+from tests.conftest import REPO
+from tests.conftest import as_modern
+from tests.conftest import micro_config
+
+
+def _phased(config: ml_collections.ConfigDict, data_dir: str = '') -> ml_collections.ConfigDict:
+  """The micro config (modern: rotary positions) in three phases, the batch warming up in the
+  first: T=32 at 15%; T=64 with the rate falling linearly from 30% to 15%; a fresh optimizer
+  at 15%."""
+  config = as_modern(config)
+  config.train.batch_warmup_tokens = 8 * 32 * 3   # 3 steps of 8 rows, then 16.
+  config.train.batch_warmup_start = 8
+  config.train.grad_accum_steps = 2
+  config.train.log_every, config.train.eval_every, config.train.checkpoint_every = 1, 100, 2
+  long_data = {'seq_len': 64}
+  if data_dir:
+    long_data['data_dir'] = data_dir + '-T64'
+  config.phases = (
+      dict(name='short', steps=6,
+           overrides=dict(train=dict(schedule='constant', warmup_steps=2))),
+      dict(name='long', tokens=6 * 16 * 64,
+           overrides=dict(data=long_data, model=dict(max_position_embeddings=64),
+                          masking=dict(select_rate=0.3, final_select_rate=0.15,
+                                       rate_schedule='linear', max_predictions=20),
+                          train=dict(schedule='decay', warmup_steps=0, decay_shape='1-sqrt'))),
+      dict(name='fresh', steps=2, fresh_optimizer=True,
+           overrides=dict(train=dict(schedule='constant', learning_rate=1e-3),
+                          masking=dict(rate_schedule='constant', select_rate=0.15))),
+  )
+  return config
+
+
+@pytest.fixture
+def config(tmp_path):
+  return _phased(micro_config(str(tmp_path / 'none.txt'), ''))
+
+
+# ------------------------------------------------------------------ the plan
+
+
+def test_the_plan_places_every_step_in_its_phase_with_its_batch_and_rows(config):
+  plan = phases.Plan(config)
+  assert [(p.name, p.start_step, p.end_step) for p in plan.phases] == [
+      ('short', 0, 6), ('long', 6, 12), ('fresh', 12, 14)]
+  assert plan.num_steps == 14
+  np.testing.assert_array_equal(plan.batch_size(np.arange(14)), [8] * 3 + [16] * 11)
+  assert [p.config.train.num_steps for p in plan.phases] == [6, 12, 14]  # The loop's end.
+  # Rows and nominal tokens (rows x T) add up step by step, T changing at the boundary.
+  np.testing.assert_array_equal(plan.rows_before([0, 3, 6, 12]), [0, 24, 72, 168])
+  np.testing.assert_array_equal(plan.tokens_before([6, 12]), [72 * 32, 72 * 32 + 96 * 64])
+  assert plan.steps_for_tokens(6, 6 * 16 * 64) == 6
+
+
+def test_batches_that_grow_take_every_row_of_the_stream_once_in_order(config):
+  plan = phases.Plan(config)
+  positions = plan.positions(np.arange(14), capacity=16, micro_batches=2)
+  real = positions[positions >= 0]
+  np.testing.assert_array_equal(np.sort(real), np.arange(plan.rows_before(14)))
+  # A half batch fills micro-batch 0 (rows 0, 2, 4, ...: step.split_rows), the rest is padding.
+  assert (positions[0, 0::2] >= 0).all() and (positions[0, 1::2] == -1).all()
+  assert (positions[3:] >= 0).all()
+  np.testing.assert_array_equal(plan.batch_size(np.arange(14)), (positions >= 0).sum(axis=1))
+
+
+def test_the_masking_rate_follows_each_phase(config):
+  plan = phases.Plan(config)
+  rates = plan.masking_rate(np.arange(14))
+  np.testing.assert_allclose(rates[:6], 0.15)
+  np.testing.assert_allclose(rates[6:12], 0.3 + (0.15 - 0.3) * np.arange(6) / 6)
+  np.testing.assert_allclose(rates[12:], 0.15)  # A step at the boundary.
+
+
+def test_the_learning_rate_continues_over_phases_and_restarts_with_a_fresh_optimizer(config):
+  plan = phases.Plan(config)
+  run = optimizer.run_schedule(plan.phases)
+  lr = config.train.learning_rate
+  np.testing.assert_allclose([float(run(s)) for s in (0, 1, 2, 5)], [0, lr / 2, lr, lr],
+                             rtol=1e-6)
+  # 'long' decays from the peak as 1 - sqrt over its 6 steps.
+  np.testing.assert_allclose([float(run(s)) for s in range(6, 12)],
+                             lr * (1 - np.sqrt(np.arange(6) / 6)), rtol=1e-6)
+  np.testing.assert_allclose(float(run(12)), 1e-3, rtol=1e-6)
+  # A fresh optimizer counts from 0 at step 12: its rate at count c is the run's at 12 + c.
+  fresh = optimizer.run_schedule(plan.phases, phases.learning_rate_offset(plan, plan.phases[2]))
+  assert float(fresh(0)) == float(run(12))
+
+
+def test_a_config_without_phases_is_one_phase_of_itself():
+  config = micro_config('x', '')
+  plan = phases.Plan(config)
+  assert len(plan.phases) == 1 and plan.phases[0].config is config
+  np.testing.assert_array_equal(plan.positions(np.array([0, 5]), 16, 1),
+                                np.arange(16)[None, :] + np.array([[0], [80]]))
+
+
+@pytest.mark.parametrize('change,message', [
+    (lambda c: c.phases[1]['overrides']['model'].update(hidden_size=64),
+     r"phase 'long' sets config.model.hidden_size=64, but the run has 32: .*shape"),
+    (lambda c: c.phases[1]['overrides']['train'].update(optimizer='stable_adamw'),
+     r'needs fresh_optimizer=True'),
+    (lambda c: c.phases[0].update(steps=2),
+     r"lasts 2 steps but the batch warm-up .* takes 3"),
+    (lambda c: c.phases[0]['overrides']['train'].update(warmup_steps=9),
+     r"phase 'short': config.train.warmup_steps=9 is longer than the phase \(6 steps\)"),
+    (lambda c: c.phases[1]['overrides']['masking'].update(rate_change_tokens=10**6),
+     r"rate_change_tokens=1,000,000 is longer than the phase"),
+    (lambda c: c.phases[1].update(steps=3),
+     r'exactly one of steps or tokens'),
+    (lambda c: c.phases[1]['overrides']['data'].update(seq_lenn=3),
+     r"overrides config.data.seq_lenn, which does not exist"),
+    (lambda c: c.phases[0]['overrides'].update(tokenizer=dict(vocab_size=10)),
+     r'the tokenizer and seed hold for the whole run'),
+    (lambda c: c.phases[1]['overrides']['masking'].update(max_predictions=8),
+     r'max_predictions'),
+])
+def test_bad_phases_are_one_line_naming_the_fix(config, change, message):
+  config.phases = tuple(json.loads(json.dumps(config.phases)))  # Mutable copies.
+  change(config)
+  with pytest.raises(configuration.ConfigError, match=message) as e:
+    configuration.validate(config, 1, check_paths=False)
+  assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('train,message', [
+    (dict(grad_accum_steps=1), r'set config.train.grad_accum_steps'),
+    (dict(batch_warmup_start=5), r'batch_warmup_start=5 must be a multiple of the micro-batch'),
+    (dict(batch_warmup_tokens=-1), r'must be >= 0'),
+])
+def test_a_bad_batch_warm_up_is_one_line(config, train, message):
+  config.phases = ()
+  config.train.update(train)
+  with pytest.raises(configuration.ConfigError, match=message):
+    configuration.validate(config, 1, check_paths=False)
+
+
+def test_a_phase_with_other_rows_needs_its_own_data_dir(config):
+  config.data.data_dir = '/somewhere'
+  with pytest.raises(configuration.ConfigError, match=r"phase 'long' changes config.data but "
+                     r"keeps config.data.data_dir='/somewhere'"):
+    configuration.validate(config, 1, check_paths=False)
+
+
+# ------------------------------------------------------------------- the run
+
+
+def _config_file(path, corpus_glob, data_dir):
+  path.write_text(
+      'import sys\n'
+      f'sys.path.insert(0, {str(REPO)!r})\n'
+      'from tests.conftest import micro_config\n'
+      'from tests.test_phases import _phased\n\n'
+      'def get_config():\n'
+      f'  return _phased(micro_config({corpus_glob!r}, {data_dir!r}), {data_dir!r})\n')
+  return str(path)
+
+
+def _train(config_file, workdir, env=None):
+  return subprocess.run([sys.executable, '-m', 'mlm_jax.train', f'--config={config_file}',
+                         f'--workdir={workdir}'], cwd=REPO, capture_output=True, text=True,
+                        timeout=600, env=env)
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f if '"loss"' in line]
+
+
+@pytest.fixture(scope='module')
+def phased_run(prepared, tmp_path_factory):
+  """An uninterrupted run of the three phases (subprocess, as a user runs it)."""
+  config, data = prepared
+  tmp = tmp_path_factory.mktemp('phases')
+  config_file = _config_file(tmp / 'phased.py', config.data.corpus, data.data_dir)
+  workdir = str(tmp / 'uninterrupted')
+  out = _train(config_file, workdir)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return config_file, workdir, out
+
+
+@pytest.mark.slow
+def test_every_logged_step_names_its_phase_batch_rate_and_tokens(phased_run):
+  config_file, workdir, out = phased_run
+  plan = phases.Plan(_phased(micro_config('x', 'd'), 'd'))
+  records = _records(workdir)
+  assert [r['step'] for r in records] == list(range(1, 15))
+  for r in records:
+    s = r['step'] - 1  # The step just taken.
+    assert r['phase'] == plan.phase_at(s).name
+    assert r['batch_size'] == plan.batch_size(s)
+    assert r['masking_rate'] == pytest.approx(plan.masking_rate(s)[0])
+    assert r['planned_tokens'] == plan.tokens_before(s + 1)
+  # Real tokens: every row of the micro corpus is full but a split's last.
+  assert records[-1]['tokens_seen'] <= plan.tokens_before(14)
+  assert records[-1]['tokens_seen'] > 0.9 * plan.tokens_before(14)
+  # The masks drawn at each step hold its rate: |M| / maskable tokens.
+  for name in ('short', 'long', 'fresh'):
+    assert f"Phase {['short', 'long', 'fresh'].index(name) + 1}/3 '{name}'" in out.stderr
+  with open(os.path.join(workdir, 'phases.json')) as f:
+    assert [p['phase'] for p in json.load(f)] == ['short', 'long', 'fresh']
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f)['data']['seq_len'] == 64  # The last phase's config.
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_its_second_phase_resumes_bit_identically(phased_run, tmp_path):
+  config_file, reference, _ = phased_run
+  workdir = str(tmp_path / 'killed')
+  # Killed as it is about to save step 10, inside 'long': step 8's checkpoint is the last.
+  env = dict(os.environ, MLM_JAX_TEST_SIGNAL='SIGKILL@save:10')
+  out = _train(config_file, workdir, env)
+  assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+  assert checkpoint.latest_step(os.path.join(workdir, 'checkpoints')) == 8
+  out = _train(config_file, workdir)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'at step 8' in out.stderr
+  final = [checkpoint.restore_params(os.path.join(w, 'checkpoints'))
+           for w in (reference, workdir)]
+  assert final[0][0] == final[1][0] == 14
+  for a, b in zip(jax.tree_util.tree_leaves(final[0][1]), jax.tree_util.tree_leaves(final[1][1])):
+    np.testing.assert_array_equal(a, b)
+  # The metrics of the steps after the kill are the uninterrupted run's.
+  ref = {r['step']: r['loss'] for r in _records(reference)}
+  assert all(ref[r['step']] == r['loss'] for r in _records(workdir) if r['step'] > 8)
