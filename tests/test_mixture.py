@@ -1,6 +1,7 @@
 """Weighted mixtures of corpora: the draw, its config checks, training, resume, reports."""
 
 import json
+import logging
 import os
 import re
 import signal
@@ -151,6 +152,71 @@ def test_a_continuing_mixture_goes_on_with_each_source_stream_at_its_new_shares(
     second.rows_drawn(500)
 
 
+class _Rows:
+  """A source's train rows [n, T]: what MixtureRun reads of a prepared split."""
+
+  def __init__(self, rows: np.ndarray):
+    self.rows = rows
+
+  def __len__(self) -> int:
+    return len(self.rows)
+
+  def read(self, indices: np.ndarray) -> np.ndarray:
+    return self.rows[indices]
+
+
+def _three_sources(tmp_path, temperature: float):
+  """A config and prepared data of three sources of 10, 40 and 160 rows of T=32 (each last
+  row with 5 padding slots), without preparing anything."""
+  config = micro_config('', str(tmp_path / 'data'))
+  config.data.sources = tuple({'corpus': n, 'name': n} for n in ('small', 'mid', 'large'))
+  config.data.temperature = temperature
+  config.train.num_steps = 100
+  sources = []
+  for n in (10, 40, 160):
+    rows = np.ones((n, 32), np.int32)
+    rows[-1, -5:] = 0   # [PAD].
+    sources.append(_Rows(rows))
+  data = types.SimpleNamespace(
+      stats={'parts': [{'train': {'tokens': 30 * len(s) - 5}} for s in sources]},
+      tokenizer=types.SimpleNamespace(specials=types.SimpleNamespace(pad=0)),
+      source=lambda split, k: sources[k])
+  return config, data
+
+
+def test_a_mixture_run_logs_its_shares_and_continues_at_another_temperature(tmp_path, caplog):
+  from mlm_jax.training import mixture_run
+  config, data = _three_sources(tmp_path, temperature=1.0)
+  caplog.set_level(logging.INFO, logger='absl')
+  run = mixture_run.MixtureRun(config, data, 0, {})
+  sizes = np.array([30 * n - 5 for n in (10, 40, 160)])
+  np.testing.assert_allclose(run.shares, sizes / sizes.sum())
+  assert ('Mixture drawn from position 0, temperature 1: small 0.0469 (295 train tokens), '
+          'mid 0.1901 (1,195 train tokens), large 0.7629 (4,795 train tokens)') in caplog.text
+  figures = [run.figures(step) for step in (2, 4, 6)]   # Logged every 2 steps of 16 rows.
+  for f in figures:
+    shares = np.array([f[f'share/{n}'] for n in ('small', 'mid', 'large')])
+    assert shares.sum() == pytest.approx(1)
+    assert np.all(np.abs(shares * 32 - run.shares * 32) < 2)   # Rows of the interval.
+  assert figures[-1]['epochs_seen/large'] == run.mix.rows_drawn(96)[2] / 160
+  assert sum(figures[-1][f'tokens_seen/{n}'] for n in ('small', 'mid', 'large')) <= 96 * 32
+
+  # A later phase at temperature 4 from step 6 on: each stream goes on, the counts carry on.
+  later_config, _ = _three_sources(tmp_path, temperature=4.0)
+  later = mixture_run.MixtureRun(later_config, data, 6, {}, **run.handover(96))
+  np.testing.assert_array_equal(later.mix.rows_before, run.mix.rows_drawn(96))
+  expected = (sizes ** 0.25) / (sizes ** 0.25).sum()
+  np.testing.assert_allclose(later.shares, expected)
+  after = later.figures(20)
+  shares = np.array([after[f'share/{n}'] for n in ('small', 'mid', 'large')])
+  assert np.all(np.abs(shares * 224 - expected * 224) < 2)   # 14 steps of 16 rows.
+  whole = run.tokens_between(0, 96) + later.tokens_between(96, 320)
+  assert [after[f'tokens_seen/{n}'] for n in ('small', 'mid', 'large')] == whole.tolist()
+  # Resumed at step 20 without the log: the tokens are counted again from the boundary on.
+  resumed = mixture_run.MixtureRun(later_config, data, 20, {}, **run.handover(96))
+  assert resumed.figures(20)['tokens_seen/large'] == after['tokens_seen/large']
+
+
 @pytest.mark.parametrize('sources, message', [
     (({'corpus': 'a', 'weight': 0},), r'sources\[0\].weight=0 must be a number > 0'),
     (({'corpus': 'a', 'weight': float('nan')},), r'weight=nan must be'),
@@ -281,6 +347,9 @@ def test_a_mixture_trains_in_its_ratio_resumes_exactly_and_reports_per_source(tm
   for step in (2, 4, 6, 8, 10):
     r = records[step]
     assert r['tokens_seen/domain'] + r['tokens_seen/general'] == r['tokens_seen']
+    # The drawn shares of each log interval (2 batches of 16): 0.8/0.2 to within a row a batch.
+    assert r['share/domain'] + r['share/general'] == pytest.approx(1)
+    assert abs(r['share/general'] - 0.2) * 32 <= 2
     assert r['epochs_seen/general'] == pytest.approx(
         run.mix.rows_drawn(step * 16)[1] / run.mix.rows[1])
     for key in ('tokens_seen/domain', 'tokens_seen/general', 'epochs_seen/domain'):

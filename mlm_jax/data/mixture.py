@@ -176,6 +176,8 @@ def _phase(seed: int, phase: int, level: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class _Phase:
+  """Positions over which one set of members is drawn, until an epoch cap ends one (not a
+  training phase: a continuing Mixture is that)."""
   start: int                 # First global position of the phase.
   active: tuple[int, ...]    # Members drawn in it, in order.
   shares: tuple[int, ...]    # Per level: the member's share of what reaches it, of _ONE.
