@@ -122,6 +122,9 @@ class MixtureRun:
     source gave before it. same_rows: the next phase reads the same data dir, so each
     source's stream goes on (no row drawn twice within an epoch across the change); False
     (other rows, e.g. another row length): its streams start anew."""
+    if position < self._position:
+      raise ValueError(f'hand-over at position {position}, before {self._position}, where this '
+                       'mixture last counted its tokens')
     tokens = self._tokens + self.tokens_between(self._position, position)
     rows = self.mix.rows_drawn(position) if same_rows else None
     return {'start_position': position, 'rows_before': rows, 'tokens_before': tokens}
