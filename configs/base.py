@@ -33,11 +33,19 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.ids_key = ''
   # A weighted mixture of corpora instead of config.data.corpus: a tuple of
   # dicts, each with a corpus (or tfds_name, and any of text_key, ids_key,
-  # document_split, split, tfds_data_dir), a 'weight' > 0 and optionally
+  # document_split, split, tfds_data_dir), a 'weight' > 0 (optional with a
+  # temperature below) and optionally
   # 'max_epochs' (a cap, 0: none) and a 'name' for the reports, e.g.
   # ({'corpus': 'domain/*.jsonl', 'weight': 0.8}, {'corpus': 'web/*.parquet',
   # 'weight': 0.2}). Empty: one corpus (data/mixture.py).
   config.data.sources = ()
+  # Sampling temperature tau of that mixture. 0: the sources' weights as
+  # given. tau > 0: each source's share p ∝ weight * n^(1/tau), n its train
+  # tokens as prepared (a weight then multiplies a prior into it; left out,
+  # it is 1): tau=1 draws in proportion to size, larger tau more evenly,
+  # tau < 1 favours the large sources. mmBERT's 0.7, 0.5, 0.3 are exponents
+  # (p ∝ n^0.7, flatter each phase): here 1/0.7, 1/0.5, 1/0.3.
+  config.data.temperature = 0.0
   # A tfds text dataset already prepared on disk in array_record format (e.g.
   # 'wikipedia/20230601.en'), read instead of config.data.corpus.
   config.data.tfds_name = ''

@@ -1,11 +1,14 @@
 """Weighted mixtures of corpora: the draw, its config checks, training, resume, reports."""
 
 import json
+import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import types
+import zlib
 
 import jax
 import numpy as np
@@ -75,6 +78,145 @@ def test_an_epoch_cap_ends_a_member_and_the_others_take_its_share():
   mixture.check_steps(capped, 5, 8, ['a', 'b'])
 
 
+def test_shares_follow_source_sizes_by_temperature_in_closed_form():
+  tokens = [1_000, 4_000, 16_000]   # Sizes 1 : 4 : 16.
+  # tau=1: in proportion to size; 0.5: to size squared; 2: to its square root.
+  for tau, expected in [(1, [1, 4, 16]), (0.5, [1, 16, 256]), (2, [1, 2, 4])]:
+    np.testing.assert_allclose(mixture.shares([1, 1, 1], tokens, tau),
+                               np.array(expected) / sum(expected), rtol=1e-12)
+  # A weight multiplies its source's share before the shares are normalised.
+  np.testing.assert_allclose(mixture.shares([2, 1, 1], tokens, 1), np.array([2, 4, 16]) / 22,
+                             rtol=1e-12)
+  # Temperature 0: the weights, handed to the draw unchanged (so its rounding is as before).
+  assert mixture.draw_weights([0.8, 0.2], [5, 1], 0).tolist() == [0.8, 0.2]
+  # Sizes far apart at a low temperature stay finite.
+  assert mixture.shares([1, 1], [10**12, 1], 0.05)[0] == 1.0
+  # The draw holds the shares in every batch of 16: the first source to within a row, the
+  # nested ones to within a row per source before them; over 4,800 rows to within 3 rows.
+  weights = mixture.draw_weights([1, 1, 1], tokens, 2)
+  member, _ = mixture.Mixture(weights, [100, 100, 100], seed=0).draw(np.arange(16 * 300))
+  per_batch = np.stack([np.bincount(b, minlength=3) for b in member.reshape(300, 16)])
+  error = np.abs(per_batch - 16 * np.array([1, 2, 4]) / 7).max(axis=0)
+  assert error[0] < 1 and np.all(error < 2)
+  assert np.all(np.abs(np.bincount(member) - 4800 * np.array([1, 2, 4]) / 7) < 3)
+
+
+def test_a_mixture_without_a_continuation_draws_what_it_always_drew():
+  # Digests of (member, row count, flat row) at positions 0..999 drawn by the mixture
+  # before it could continue another: a capped three-source one and a two-source one.
+  for args, digest in [(([0.5, 0.3, 0.2], [40, 30, 20], 0, [0, 2, 1]), 379252780),
+                       (([0.8, 0.2], [500, 300], 3, None), 3981657029)]:
+    for mix in (mixture.Mixture(*args),
+                mixture.Mixture(*args, start_position=0, rows_before=[0] * len(args[1]))):
+      positions = np.arange(1000)
+      member, drawn = mix.draw(positions)
+      flat = mix(positions, shuffle=pipeline.stream_to_source)
+      assert zlib.crc32(np.stack([member, drawn, flat]).astype(np.int64).tobytes()) == digest
+
+
+def test_a_continuing_mixture_goes_on_with_each_source_stream_at_its_new_shares():
+  rows = [50, 30, 20]
+  first = mixture.Mixture([0.6, 0.3, 0.1], rows, seed=1, max_epochs=[0, 0, 10])
+  change, after = 537, 16 * 60   # The change falls inside a batch of 16.
+  second = first.continued(change, [0.2, 0.3, 0.5])
+  explicit = mixture.Mixture([0.2, 0.3, 0.5], rows, 1, [0, 0, 10], start_position=change,
+                             rows_before=first.rows_drawn(change))
+  positions = np.arange(change, change + after)
+  np.testing.assert_array_equal(second.draw(positions), explicit.draw(positions))
+  member = np.concatenate([first.draw(np.arange(change))[0], second.draw(positions)[0]])
+  drawn = np.concatenate([first.draw(np.arange(change))[1], second.draw(positions)[1]])
+  flat = np.concatenate([first(np.arange(change), shuffle=pipeline.stream_to_source),
+                         second(positions, shuffle=pipeline.stream_to_source)])
+  offsets = np.concatenate([[0], np.cumsum(rows)[:-1]])
+  for k, n in enumerate(rows):
+    # Each source's draws across the change are rows 0, 1, 2, ... of its own stream, so every
+    # epoch of it is its rows once each, the epoch that spans the change included.
+    np.testing.assert_array_equal(drawn[member == k], np.arange((member == k).sum()))
+    mine = flat[member == k]
+    for e in range(len(mine) // n):
+      assert sorted(mine[e * n:(e + 1) * n]) == list(range(offsets[k], offsets[k] + n))
+  # The cap counts the rows drawn before the change: source 2 gives 10 epochs in all.
+  assert (member == 2).sum() == 200
+  np.testing.assert_array_equal(second.rows_drawn(change + after),
+                                np.bincount(member, minlength=3))
+  # After the change, every batch of 16 holds the new shares to within a row (in this draw;
+  # the nested sources' bound is a row per source before them), until the cap.
+  capped_at = np.flatnonzero(member == 2)[-1] - change
+  windows = second.draw(positions[:capped_at // 16 * 16])[0].reshape(-1, 16)
+  counts = np.stack([np.bincount(w, minlength=3) for w in windows])
+  assert len(counts) >= 5 and np.all(np.abs(counts - 16 * np.array([0.2, 0.3, 0.5])) <= 1)
+  # Positions before the change are the earlier mixture's.
+  with pytest.raises(ValueError, match='before 537'):
+    second.draw(np.array([536]))
+  with pytest.raises(ValueError, match='before 537'):
+    second.rows_drawn(500)
+
+
+class _Rows:
+  """A source's train rows [n, T]: what MixtureRun reads of a prepared split."""
+
+  def __init__(self, rows: np.ndarray):
+    self.rows = rows
+
+  def __len__(self) -> int:
+    return len(self.rows)
+
+  def read(self, indices: np.ndarray) -> np.ndarray:
+    return self.rows[indices]
+
+
+def _three_sources(tmp_path, temperature: float):
+  """A config and prepared data of three sources of 10, 40 and 160 rows of T=32 (each last
+  row with 5 padding slots), without preparing anything."""
+  config = micro_config('', str(tmp_path / 'data'))
+  config.data.sources = tuple({'corpus': n, 'name': n} for n in ('small', 'mid', 'large'))
+  config.data.temperature = temperature
+  config.train.num_steps = 100
+  sources = []
+  for n in (10, 40, 160):
+    rows = np.ones((n, 32), np.int32)
+    rows[-1, -5:] = 0   # [PAD].
+    sources.append(_Rows(rows))
+  data = types.SimpleNamespace(
+      stats={'parts': [{'train': {'tokens': 30 * len(s) - 5}} for s in sources]},
+      tokenizer=types.SimpleNamespace(specials=types.SimpleNamespace(pad=0)),
+      source=lambda split, k: sources[k])
+  return config, data
+
+
+def test_a_mixture_run_logs_its_shares_and_continues_at_another_temperature(tmp_path, caplog):
+  from mlm_jax.training import mixture_run
+  config, data = _three_sources(tmp_path, temperature=1.0)
+  caplog.set_level(logging.INFO, logger='absl')
+  run = mixture_run.MixtureRun(config, data, 0, {})
+  sizes = np.array([30 * n - 5 for n in (10, 40, 160)])
+  np.testing.assert_allclose(run.shares, sizes / sizes.sum())
+  assert ('Mixture drawn from position 0, temperature 1: small 0.0469 (295 train tokens), '
+          'mid 0.1901 (1,195 train tokens), large 0.7629 (4,795 train tokens)') in caplog.text
+  figures = [run.figures(step) for step in (2, 4, 6)]   # Logged every 2 steps of 16 rows.
+  for f in figures:
+    shares = np.array([f[f'share/{n}'] for n in ('small', 'mid', 'large')])
+    assert shares.sum() == pytest.approx(1)
+    assert np.all(np.abs(shares * 32 - run.shares * 32) < 2)   # Rows of the interval.
+  assert figures[-1]['epochs_seen/large'] == run.mix.rows_drawn(96)[2] / 160
+  assert sum(figures[-1][f'tokens_seen/{n}'] for n in ('small', 'mid', 'large')) <= 96 * 32
+
+  # A later phase at temperature 4 from step 6 on: each stream goes on, the counts carry on.
+  later_config, _ = _three_sources(tmp_path, temperature=4.0)
+  later = mixture_run.MixtureRun(later_config, data, 6, {}, **run.handover(96))
+  np.testing.assert_array_equal(later.mix.rows_before, run.mix.rows_drawn(96))
+  expected = (sizes ** 0.25) / (sizes ** 0.25).sum()
+  np.testing.assert_allclose(later.shares, expected)
+  after = later.figures(20)
+  shares = np.array([after[f'share/{n}'] for n in ('small', 'mid', 'large')])
+  assert np.all(np.abs(shares * 224 - expected * 224) < 2)   # 14 steps of 16 rows.
+  whole = run.tokens_between(0, 96) + later.tokens_between(96, 320)
+  assert [after[f'tokens_seen/{n}'] for n in ('small', 'mid', 'large')] == whole.tolist()
+  # Resumed at step 20 without the log: the tokens are counted again from the boundary on.
+  resumed = mixture_run.MixtureRun(later_config, data, 20, {}, **run.handover(96))
+  assert resumed.figures(20)['tokens_seen/large'] == after['tokens_seen/large']
+
+
 @pytest.mark.parametrize('sources, message', [
     (({'corpus': 'a', 'weight': 0},), r'sources\[0\].weight=0 must be a number > 0'),
     (({'corpus': 'a', 'weight': float('nan')},), r'weight=nan must be'),
@@ -85,13 +227,31 @@ def test_an_epoch_cap_ends_a_member_and_the_others_take_its_share():
      r"name='x' names two sources"),
     (({'corpus': 'a', 'weight': 1, 'name': 'a b'},), r"name='a b' may hold only"),
     (('a.txt',), r'must be a dict'),
+    (({'corpus': 'a', 'weight': 1}, {'corpus': 'b', 'weight': 1}, -1.0),
+     r'temperature=-1.0 must be a number >= 0'),
+    (({'corpus': 'a', 'weight': 1}, 0.7), r'temperature=0.7 needs a mixture of two or more'),
+    ((0.7,), r'temperature=0.7 needs a mixture of two or more'),
 ])
 def test_an_invalid_mixture_is_one_line_naming_the_field(tmp_path, sources, message):
+  """A trailing number in `sources` is config.data.temperature; () alone: one corpus."""
   config = micro_config('', str(tmp_path / 'data'))
-  config.data.sources = sources
+  if sources and isinstance(sources[-1], float):
+    sources, config.data.temperature = sources[:-1], sources[-1]
+  if sources:
+    config.data.sources = sources
+  else:
+    config.data.corpus = 'a.txt'
   with pytest.raises(config_lib.ConfigError, match=message) as raised:
     config_lib.validate(config, check_paths=False)
   assert '\n' not in str(raised.value)
+
+
+def test_with_a_temperature_a_weight_is_optional(tmp_path):
+  config = micro_config('', str(tmp_path / 'data'))
+  config.data.sources = ({'corpus': 'a', 'name': 'a'}, {'corpus': 'b', 'weight': 3})
+  config.data.temperature = 1.0
+  config_lib.validate(config, check_paths=False)
+  assert [m.weight for m in mixture.members(config.data)] == [1.0, 3.0]
 
 
 def test_a_mixture_with_a_corpus_or_a_missing_member_is_refused(tmp_path):
@@ -187,6 +347,9 @@ def test_a_mixture_trains_in_its_ratio_resumes_exactly_and_reports_per_source(tm
   for step in (2, 4, 6, 8, 10):
     r = records[step]
     assert r['tokens_seen/domain'] + r['tokens_seen/general'] == r['tokens_seen']
+    # The drawn shares of each log interval (2 batches of 16): 0.8/0.2 to within a row a batch.
+    assert r['share/domain'] + r['share/general'] == pytest.approx(1)
+    assert abs(r['share/general'] - 0.2) * 32 <= 2
     assert r['epochs_seen/general'] == pytest.approx(
         run.mix.rows_drawn(step * 16)[1] / run.mix.rows[1])
     for key in ('tokens_seen/domain', 'tokens_seen/general', 'epochs_seen/domain'):

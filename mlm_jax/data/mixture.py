@@ -25,6 +25,19 @@ is a closed form, so a member's k-th row is found without replaying the run.
 A member's k-th row is row k of its own stream: its train rows repeated,
 shuffled anew each epoch (pipeline.stream_to_source). A member that reaches
 its epoch cap drops out, and the others share its positions by their weights.
+
+The weights are the members' 'weight's as given (config.data.temperature=0),
+or with a sampling temperature tau > 0 the shares p_k ∝ w_k n_k^(1/tau), n_k
+the member's train tokens as prepare counted them (stats.json) and w_k its
+'weight' (default 1), a prior multiplier: tau=1 draws in proportion to size,
+tau -> inf evenly, tau < 1 favours the large members.
+
+A mixture may continue another one from a stream position on (a later
+training phase with other shares): Mixture(..., start_position=P,
+rows_before=earlier.rows_drawn(P)), or earlier.continued(P, weights). From
+P on, member k's j-th draw is row rows_before[k] + j of its own stream, so no
+row is drawn twice within an epoch of a member across the change and each
+member's epoch shuffle goes on where it was.
 """
 
 from __future__ import annotations
@@ -33,7 +46,7 @@ import dataclasses
 import math
 import re
 import zlib
-from typing import Any
+from typing import Any, Sequence
 
 import ml_collections
 import numpy as np
@@ -77,14 +90,23 @@ def members(data: ml_collections.ConfigDict) -> list[Member]:
       section.tfds_name = ''
     if 'tfds_name' in entry and 'corpus' not in entry:
       section.corpus = ''
-    out.append(Member(str(entry.get('name') or f'source{k}'), float(entry['weight']),
+    out.append(Member(str(entry.get('name') or f'source{k}'), float(entry.get('weight', 1.0)),
                       float(entry.get('max_epochs', 0)), section))
   return out
 
 
 def check_config(data: ml_collections.ConfigDict) -> None:
-  """ConfigError for an invalid config.data.sources (not its paths: see corpus.check)."""
+  """ConfigError for an invalid config.data.sources or config.data.temperature (not the
+  sources' paths: see corpus.check)."""
   sources = data.get('sources') or ()
+  temperature = data.get('temperature', 0.0)
+  require(isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+          and math.isfinite(temperature) and temperature >= 0,
+          f'config.data.temperature={temperature!r} must be a number >= 0 (0: the weights of '
+          'config.data.sources as given; tau > 0: shares in proportion to tokens^(1/tau)).')
+  require(not temperature or (isinstance(sources, (list, tuple)) and len(sources) > 1),
+          f'config.data.temperature={temperature!r} needs a mixture of two or more corpora in '
+          'config.data.sources; set it to 0 for one corpus.')
   if not sources:
     return
   require(not data.corpus and not data.tfds_name,
@@ -102,8 +124,10 @@ def check_config(data: ml_collections.ConfigDict) -> None:
     unknown = sorted(set(entry) - set(CORPUS_FIELDS) - set(DRAW_FIELDS))
     require(not unknown, f'{field} has unknown fields {unknown}; its fields are '
             f'{sorted(CORPUS_FIELDS + DRAW_FIELDS)}.')
-    require('weight' in entry, f"{field} has no 'weight'; give each source a weight > 0.")
-    weight = entry['weight']
+    require('weight' in entry or temperature,
+            f"{field} has no 'weight'; give each source a weight > 0 (or set "
+            'config.data.temperature > 0 to draw by size).')
+    weight = entry.get('weight', 1.0)
     require(isinstance(weight, (int, float)) and not isinstance(weight, bool)
             and math.isfinite(weight) and weight > 0,
             f'{field}.weight={weight!r} must be a number > 0 (weights are relative: 0.8 and 0.2, '
@@ -122,6 +146,29 @@ def check_config(data: ml_collections.ConfigDict) -> None:
     names.append(name)
 
 
+def draw_weights(weights: Sequence[float], tokens: Sequence[int],
+                 temperature: float) -> np.ndarray:
+  """[K] relative weights a Mixture draws by: `weights` unchanged at temperature 0 (so a run
+  without a temperature draws exactly what it drew before it existed), else w_k n_k^(1/tau)
+  scaled so that the largest is 1 (`tokens` n_k [K] > 0: each member's train tokens)."""
+  w = np.asarray(weights, np.float64)
+  if not temperature:
+    return w
+  n = np.asarray(tokens, np.float64)
+  if n.shape != w.shape or not np.all(n > 0):
+    raise ValueError(f'tokens {list(tokens)} must be one count > 0 per member of {list(weights)}')
+  # In logs: n^(1/tau) of 1e12 tokens at tau=0.1 is past a float64.
+  log = np.log(w) + np.log(n) / temperature
+  return np.exp(log - log.max())
+
+
+def shares(weights: Sequence[float], tokens: Sequence[int], temperature: float) -> np.ndarray:
+  """[K] the fraction of rows each member is drawn for, summing to 1: p_k ∝ w_k n_k^(1/tau)
+  (tau > 0), or ∝ w_k (tau = 0); the members' epoch caps aside."""
+  w = draw_weights(weights, tokens, temperature)
+  return w / w.sum()
+
+
 def _phase(seed: int, phase: int, level: int) -> int:
   """A seeded offset in [0, _ONE) of one level of one phase."""
   return zlib.crc32(f'{seed}:{phase}:{level}'.encode()) % _ONE
@@ -129,6 +176,8 @@ def _phase(seed: int, phase: int, level: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class _Phase:
+  """Positions over which one set of members is drawn, until an epoch cap ends one (not a
+  training phase: a continuing Mixture is that)."""
   start: int                 # First global position of the phase.
   active: tuple[int, ...]    # Members drawn in it, in order.
   shares: tuple[int, ...]    # Per level: the member's share of what reaches it, of _ONE.
@@ -143,19 +192,33 @@ class Mixture:
   offsets[k] + rows[k] - 1 of the reader that holds all members' rows one
   after another. `max_epochs[k]` > 0 caps the rows member k gives at
   max_epochs[k] * rows[k]. Pickles small: grain's worker processes get it.
+
+  A continuing mixture (a later training phase's shares) draws positions from
+  `start_position` on only; `rows_before[k]` rows of member k were drawn
+  before it (earlier.rows_drawn(start_position)), so its j-th draw here is row
+  rows_before[k] + j of its stream, and its cap counts them. With
+  start_position=0 and no rows_before it is the mixture of a whole run.
   """
 
-  def __init__(self, weights: list[float], rows: list[int], seed: int,
-               max_epochs: list[float] | None = None):
+  def __init__(self, weights: Sequence[float], rows: Sequence[int], seed: int,
+               max_epochs: Sequence[float] | None = None, *, start_position: int = 0,
+               rows_before: Sequence[int] | None = None):
     self.rows = np.asarray(rows, np.int64)
     self.offsets = np.concatenate([[0], np.cumsum(self.rows)[:-1]]).astype(np.int64)
     self.seed = seed
     self.weights = np.asarray(weights, np.float64) / sum(weights)
-    caps = max_epochs or [0.0] * len(rows)
-    self.caps = [int(c * n) if c > 0 else None for c, n in zip(caps, rows)]
+    self.max_epochs = [0.0] * len(rows) if max_epochs is None else [float(c) for c in max_epochs]
+    self.caps = [int(c * n) if c > 0 else None for c, n in zip(self.max_epochs, rows)]
+    self.start_position = int(start_position)
+    before = [0] * len(rows) if rows_before is None else [int(b) for b in rows_before]
+    if self.start_position < 0 or len(before) != len(rows) or min(before, default=0) < 0:
+      raise ValueError(f'start_position={start_position} must be >= 0 and rows_before='
+                       f'{before} one count >= 0 per member of {len(rows)}')
+    self.rows_before = np.asarray(before, np.int64)
     self.phases: list[_Phase] = []
     self.end: int | None = None  # Where every member has reached its cap, if all have one.
-    start, active, before = 0, [k for k in range(len(rows)) if self.caps[k] != 0], [0] * len(rows)
+    start = self.start_position
+    active = [k for k in range(len(rows)) if self.caps[k] is None or before[k] < self.caps[k]]
     while active:
       phase = self._make_phase(len(self.phases), start, active, before)
       self.phases.append(phase)
@@ -219,8 +282,12 @@ class Mixture:
     return lo
 
   def draw(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Global stream positions [n] -> (member [n], the member's row count before it [n])."""
+    """Global stream positions [n] (>= start_position) -> (member [n], the member's row count
+    before it [n], rows_before included)."""
     positions = np.asarray(positions, np.int64)
+    if positions.size and positions.min() < self.start_position:
+      raise ValueError(f'position {int(positions.min())} is before {self.start_position}, '
+                       'where this mixture starts')
     if self.end is not None and positions.size and positions.max() >= self.end:
       raise ValueError(f'position {int(positions.max())} is past the {self.end} rows the epoch '
                        'caps of config.data.sources allow')
@@ -253,8 +320,12 @@ class Mixture:
     return (self.seed + (k + 1) * 1_000_003) % 2**32
 
   def rows_drawn(self, position: int) -> np.ndarray:
-    """[K] rows each member gave in global positions [0, position)."""
-    out = np.zeros(len(self.rows), np.int64)
+    """[K] rows each member gave in global positions [0, position): rows_before and those
+    of [start_position, position). A closed form: no draw is replayed."""
+    if position < self.start_position:
+      raise ValueError(f'position {position} is before {self.start_position}, where this '
+                       'mixture starts: ask the mixture that drew it')
+    out = self.rows_before.copy()
     for phase, nxt in zip(self.phases, [p.start for p in self.phases[1:]] + [None]):
       if position <= phase.start:
         break
@@ -263,15 +334,30 @@ class Mixture:
         out[k] += c
     return out
 
+  def continued(self, position: int, weights: Sequence[float],
+                max_epochs: Sequence[float] | None = None) -> Mixture:
+    """The mixture that draws by `weights` from global stream position `position` on, each
+    member's stream going on where this one left it (same rows, seed and, unless given,
+    epoch caps)."""
+    return Mixture(weights, self.rows, self.seed,
+                   self.max_epochs if max_epochs is None else max_epochs,
+                   start_position=position, rows_before=self.rows_drawn(position))
+
   @property
   def max_rows(self) -> int | None:
-    """The rows a run can draw before every member reaches its cap; None: no limit."""
+    """The stream position at which every member has reached its cap; None: no limit."""
     return self.end
 
 
-def check_steps(mix: Mixture, num_steps: int, global_batch: int, names: list[str]) -> None:
-  """ConfigError when the epoch caps end the mixture before config.train.num_steps."""
-  if mix.max_rows is None or num_steps * global_batch <= mix.max_rows:
+def check_steps(mix: Mixture, num_steps: int, global_batch: int, names: list[str],
+                end_position: int | None = None) -> None:
+  """ConfigError when the epoch caps end the mixture before config.train.num_steps.
+
+  end_position: the stream position after the last step (default num_steps * global_batch;
+  another where the batch grows during the run).
+  """
+  end = num_steps * global_batch if end_position is None else end_position
+  if mix.max_rows is None or end <= mix.max_rows:
     return
   caps = ', '.join(f'{n}: {c / r:g} epochs of {r:,} rows' for n, c, r in
                    zip(names, mix.caps, mix.rows) if c)
