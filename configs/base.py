@@ -39,13 +39,13 @@ def get_config() -> ml_collections.ConfigDict:
   # ({'corpus': 'domain/*.jsonl', 'weight': 0.8}, {'corpus': 'web/*.parquet',
   # 'weight': 0.2}). Empty: one corpus (data/mixture.py).
   config.data.sources = ()
-  # Sampling temperature tau of that mixture. 0: the sources' weights as
+  # Sampling temperature tau of that mixture. None: the sources' weights as
   # given. tau > 0: each source's share p ∝ weight * n^(1/tau), n its train
   # tokens as prepared (a weight then multiplies a prior into it; left out,
   # it is 1): tau=1 draws in proportion to size, larger tau more evenly,
   # tau < 1 favours the large sources. mmBERT's 0.7, 0.5, 0.3 are exponents
   # (p ∝ n^0.7, flatter each phase): here 1/0.7, 1/0.5, 1/0.3.
-  config.data.temperature = 0.0
+  config.data.temperature = ml_collections.config_dict.placeholder(float)
   # A tfds text dataset already prepared on disk in array_record format (e.g.
   # 'wikipedia/20230601.en'), read instead of config.data.corpus.
   config.data.tfds_name = ''

@@ -44,6 +44,7 @@ import numpy as np
 from mlm_jax.config_check import ConfigError
 from mlm_jax.config_check import require
 from mlm_jax.data import masking
+from mlm_jax.data import mixture
 
 # What a phase entry may hold.
 PHASE_KEYS = ('name', 'steps', 'tokens', 'fresh_optimizer', 'overrides')
@@ -335,10 +336,24 @@ def _check_shape(first: ml_collections.ConfigDict, config: ml_collections.Config
                   'another run from this one with config.init.workdir instead.'))
 
 
+def same_rows(a: ml_collections.ConfigDict, b: ml_collections.ConfigDict) -> bool:
+  """Whether two phases read the same prepared rows: their data settings differ at most in
+  how a mixture draws from its sources (temperature, weights, epoch caps, names)."""
+  return _rows_key(a) == _rows_key(b)
+
+
+def _rows_key(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  data = config.data.to_dict()
+  data.pop('temperature', None)
+  data['sources'] = [{k: v for k, v in dict(s).items() if k not in mixture.DRAW_FIELDS}
+                     for s in data.get('sources', ())]
+  return data
+
+
 def _check_data_dir(first: ml_collections.ConfigDict, config: ml_collections.ConfigDict,
                     name: str) -> None:
   """A phase that prepares other rows (another length or corpus) needs a data dir of its own."""
-  if not first.data.data_dir or config.data.to_dict() == first.data.to_dict():
+  if not first.data.data_dir or same_rows(first, config):
     return
   require(config.data.data_dir != first.data.data_dir,
           f'phase {name!r} changes config.data but keeps config.data.data_dir='

@@ -22,7 +22,7 @@ from mlm_jax.config_check import ConfigError
 ADDED_FIELDS = {
     'data.ids_key': '',
     'data.sources': (),
-    'data.temperature': 0.0,
+    'data.temperature': None,
     'data.tfds_export': False,
     'masking.final_select_rate': 0.0,
     'masking.rate_change_tokens': 0,

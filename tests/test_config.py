@@ -52,7 +52,7 @@ def test_every_config_field_has_a_comment(path):
     ('model.dtype', 'float16', "config.model.dtype='float16'"),
     ('train.num_steps', 0, 'config.train.num_steps=0'),
     ('train.schedule', 'cosine',
-     "config.train.schedule='cosine': use 'linear', 'wsd' or 'one_cycle'."),
+     "config.train.schedule='cosine': use 'linear', 'wsd', 'one_cycle', 'constant' or 'decay'."),
     ('train.decay_shape', 'cosine', "config.train.decay_shape='cosine': use 'linear' or '1-sqrt'."),
     ('train.decay_fraction', 0.0, 'config.train.decay_fraction=0.0 must be in (0, 1]'),
     ('data.val_fraction', 0.0, 'config.data.val_fraction=0.0'),

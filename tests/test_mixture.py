@@ -228,7 +228,9 @@ def test_a_mixture_run_logs_its_shares_and_continues_at_another_temperature(tmp_
     (({'corpus': 'a', 'weight': 1, 'name': 'a b'},), r"name='a b' may hold only"),
     (('a.txt',), r'must be a dict'),
     (({'corpus': 'a', 'weight': 1}, {'corpus': 'b', 'weight': 1}, -1.0),
-     r'temperature=-1.0 must be a number >= 0'),
+     r'temperature=-1.0 must be a number > 0'),
+    (({'corpus': 'a', 'weight': 1}, {'corpus': 'b', 'weight': 1}, 0.0),
+     r'temperature=0.0 must be a number > 0'),
     (({'corpus': 'a', 'weight': 1}, 0.7), r'temperature=0.7 needs a mixture of two or more'),
     ((0.7,), r'temperature=0.7 needs a mixture of two or more'),
 ])

@@ -394,3 +394,39 @@ def test_last_block_at_the_masked_slots_gives_the_full_encoders_loss_and_gradien
       state.params).cost_analysis()['flops']
   assert (flops('pretrain') == flops(_full_then_gathered)) if scan else (
       flops('pretrain') < 0.9 * flops(_full_then_gathered))
+
+
+@pytest.mark.slow
+def test_a_growing_batch_step_trains_only_the_micro_batches_it_fills():
+  # A batch warm-up fills j of the k micro-batches (rows r with r mod k < j) and pads the rest:
+  # the one compiled step gives the update of the j micro-batches' rows alone, and a full batch
+  # the update of the scanned step.
+  cfg = _cfg(dropout_rate=0.0, attention_dropout_rate=0.0)
+  schedule = optimizer.learning_rate_schedule(_train_config())
+  full = _batch(4)
+  k = 4
+  growing = jax.jit(step_lib.make_train_step(schedule, k, growing_batch=True))
+  scanned = jax.jit(step_lib.make_train_step(schedule, k))
+  plain = jax.jit(step_lib.make_train_step(schedule, 1))
+  key = jax.random.key(5)
+
+  def run(step, batch):
+    state, metrics = step(_state(cfg, full), batch, key)
+    return state.params, metrics
+
+  for j in (1, 3):
+    real = np.arange(B) % k < j
+    padded = {name: np.where(real.reshape((B,) + (1,) * (x.ndim - 1)), x, 0)
+              for name, x in full.items()}
+    alone = {name: x[real] for name, x in full.items()}
+    params, metrics = run(growing, padded)
+    want_params, want = run(plain, alone)
+    assert float(metrics['num_masked']) == float(want['num_masked']) == 4 * int(real.sum())
+    assert float(metrics['loss']) == pytest.approx(float(want['loss']), rel=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(want_params)):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  params, metrics = run(growing, full)
+  want_params, want = run(scanned, full)
+  assert float(metrics['loss']) == pytest.approx(float(want['loss']), rel=1e-6)
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(want_params)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -26,7 +26,7 @@ A member's k-th row is row k of its own stream: its train rows repeated,
 shuffled anew each epoch (pipeline.stream_to_source). A member that reaches
 its epoch cap drops out, and the others share its positions by their weights.
 
-The weights are the members' 'weight's as given (config.data.temperature=0),
+The weights are the members' 'weight's as given (config.data.temperature None),
 or with a sampling temperature tau > 0 the shares p_k ∝ w_k n_k^(1/tau), n_k
 the member's train tokens as prepare counted them (stats.json) and w_k its
 'weight' (default 1), a prior multiplier: tau=1 draws in proportion to size,
@@ -99,14 +99,16 @@ def check_config(data: ml_collections.ConfigDict) -> None:
   """ConfigError for an invalid config.data.sources or config.data.temperature (not the
   sources' paths: see corpus.check)."""
   sources = data.get('sources') or ()
-  temperature = data.get('temperature', 0.0)
-  require(isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
-          and math.isfinite(temperature) and temperature >= 0,
-          f'config.data.temperature={temperature!r} must be a number >= 0 (0: the weights of '
-          'config.data.sources as given; tau > 0: shares in proportion to tokens^(1/tau)).')
-  require(not temperature or (isinstance(sources, (list, tuple)) and len(sources) > 1),
+  temperature = data.get('temperature')
+  require(temperature is None or (
+      isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+      and math.isfinite(temperature) and temperature > 0),
+          f'config.data.temperature={temperature!r} must be a number > 0 (tau: shares in '
+          'proportion to tokens^(1/tau)), or None for the weights of config.data.sources as '
+          'given.')
+  require(temperature is None or (isinstance(sources, (list, tuple)) and len(sources) > 1),
           f'config.data.temperature={temperature!r} needs a mixture of two or more corpora in '
-          'config.data.sources; set it to 0 for one corpus.')
+          'config.data.sources; leave it unset (None) for one corpus.')
   if not sources:
     return
   require(not data.corpus and not data.tfds_name,

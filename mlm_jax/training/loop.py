@@ -80,8 +80,8 @@ def _phase_config(plan: phases.Plan, phase: phases.Phase,
   """A phase's config. A phase whose data differs from the first phase's reads the run's
   tokenizer, so that the ids keep their meaning whatever corpus or length it prepares."""
   config = phase.config
-  if (config.data.to_dict() == plan.phases[0].config.data.to_dict()
-      or config.tokenizer.model_file or config.init.hf_dir or config.init.workdir):
+  if (phases.same_rows(config, plan.phases[0].config) or config.tokenizer.model_file
+      or config.init.hf_dir or config.init.workdir):
     return config
   config = copy.deepcopy(config)
   config.tokenizer.model_file = tok_lib.tokenizer_files(workdir)
@@ -112,7 +112,7 @@ def _train_phase(config: ml_collections.ConfigDict, workdir: str, plan: phases.P
   _log_start(data, built, state, mesh)
   # ------------------------------------------------------------------ loop
   train, series = config.train, metrics.read_metrics(workdir)
-  mixed = mixture_run.for_run(config, data, start_step, series)  # None: one corpus.
+  mixed = _mixture(config, data, plan, phase, start_step, series)  # None: one corpus.
   positions = None
   if plan.phased or train.batch_warmup_tokens:  # Else step s holds rows s*B .. s*B+B-1.
     positions = functools.partial(plan.positions, capacity=train.batch_size,
@@ -167,6 +167,31 @@ def _train_phase(config: ml_collections.ConfigDict, workdir: str, plan: phases.P
   result = _finish(config, built, state, mesh, workdir, log, last_eval, step=step,
                    start_step=start_step, wall_time_s=time.perf_counter() - run_start)
   return _PhaseEnd(result, stopped=stopping, finished=step >= train.num_steps)
+
+
+def _mixture(config: ml_collections.ConfigDict, data: prepared.PreparedData, plan: phases.Plan,
+             phase: phases.Phase, start_step: int,
+             series: dict[str, dict[int, float]]) -> mixture_run.MixtureRun | None:
+  """The phase's mixture (None: one corpus). It continues the mixtures of the phases before it
+  that read the same rows, so that no source's stream starts over at a change of shares."""
+  if data.num_parts == 1:
+    return None
+  if not (plan.phased or config.train.batch_warmup_tokens):
+    return mixture_run.MixtureRun(config, data, start_step, series)
+
+  def position_of(step: int) -> int:
+    return int(plan.rows_before(step))
+
+  first = phase.index
+  while first > 0 and phases.same_rows(plan.phases[first - 1].config, phase.config):
+    first -= 1
+  keywords: dict[str, Any] = {'start_position': position_of(plan.phases[first].start_step)}
+  for earlier in plan.phases[first:phase.index]:
+    run = mixture_run.MixtureRun(earlier.config, data, earlier.start_step, {},
+                                 position_of=position_of, **keywords)
+    keywords = run.handover(position_of(earlier.end_step))
+  return mixture_run.MixtureRun(config, data, start_step, series, position_of=position_of,
+                                **keywords)
 
 
 def _step_figures(plan: phases.Plan, phase: phases.Phase, mixed: mixture_run.MixtureRun | None,

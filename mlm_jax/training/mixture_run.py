@@ -75,7 +75,7 @@ class MixtureRun:
     rows = [len(s) for s in sources]
     weights = [m.weight for m in members]
     tokens = train_tokens(data)
-    temperature = float(config.data.get('temperature', 0.0))
+    temperature = float(config.data.get('temperature') or 0.0)
     self.shares = mixture.shares(weights, tokens, temperature)
     self.mix = mixture.Mixture(mixture.draw_weights(weights, tokens, temperature), rows,
                                config.seed, [m.max_epochs for m in members],
