@@ -6,6 +6,8 @@ machine, without the accelerator, and says whether they fit:
   python -m mlm_jax.preflight --config=configs/base.py --target=h100x8 \
       [--config.train.batch_size=512 ...] [--search_budget_s=60] [--json_out=preflight.json]
 
+A config in phases (config.phases) is compiled phase by phase; each must fit.
+
 Exit status 0: fits; 1: does not fit, or asked for cuDNN attention and did
 not get it (with compiled suggestions that fit); 2: bad input. Needs
 `pip install -e '.[aot]'`. See mlm_jax/perf/preflight.py and docs/preflight.md.
@@ -20,6 +22,7 @@ import sys
 from absl import flags
 
 from mlm_jax import cli
+from mlm_jax import phases
 from mlm_jax.perf import preflight
 from mlm_jax.perf import targets
 
@@ -36,15 +39,32 @@ _JSON_OUT = flags.DEFINE_string('json_out', '', 'Also write every figure to this
 
 def main() -> int:
   log = lambda s: print(s, file=sys.stderr, flush=True)
-  report = preflight.Preflight(_CONFIG.value, targets.parse(_TARGET.value), log,
-                               search_budget_s=_SEARCH_BUDGET.value).run()
-  report['command'] = shlex.join(['python', '-m', 'mlm_jax.preflight', *sys.argv[1:]])
-  print(preflight.format_report(report), flush=True)
+  target = targets.parse(_TARGET.value)
+  config = _CONFIG.value
+  # A run in phases: every phase is compiled and must fit (its length, batch and masking).
+  plan = phases.Plan(config) if config.get('phases') else None
+  runs = plan.phases if plan else [None]
+  reports = []
+  for phase in runs:
+    if phase is not None:
+      print(f'Phase {phase.index + 1}/{len(runs)} {phase.name!r}:', flush=True)
+    report = preflight.Preflight(config if phase is None else phase.config, target, log,
+                                 search_budget_s=_SEARCH_BUDGET.value).run()
+    report['command'] = shlex.join(['python', '-m', 'mlm_jax.preflight', *sys.argv[1:]])
+    if phase is not None:
+      report['phase'] = phase.name
+    print(preflight.format_report(report), flush=True)
+    reports.append(report)
+  ok = all(r['ok'] for r in reports)
+  if plan:
+    print(f"{sum(r['ok'] for r in reports)} of {len(reports)} phases fit on {target.name}.",
+          flush=True)
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, 'w') as f:
-      json.dump(report, f, indent=2, default=str)
+      json.dump(reports[0] if plan is None else {'phases': reports, 'ok': ok}, f, indent=2,
+                default=str)
     print(f'Wrote {_JSON_OUT.value}')
-  return 0 if report['ok'] else 1
+  return 0 if ok else 1
 
 
 if __name__ == '__main__':
