@@ -106,6 +106,10 @@ def test_ema_is_evaluated_checkpointed_and_exported(ema_run, tmp_path):
   for record in evals:  # The average is evaluated beside the live weights, and differs.
     assert np.isfinite(record['eval_ema_loss']) and record['eval_ema_loss'] != record['eval_loss']
     assert 'eval_ema_mlm_accuracy' in record
+  with open(os.path.join(workdir, 'summary.json')) as f:
+    summary = json.load(f)
+  assert summary['eval_ema_loss'] == evals[-1]['eval_ema_loss']
+  assert summary['eval_ema_mask_accuracy'] == evals[-1]['eval_ema_mask_accuracy']
   directory = workdir_lib.checkpoint_dir(workdir)
   _, params, _ = checkpoint.restore_params(directory, 8)
   _, ema, _ = checkpoint.restore_params(directory, 8, 'ema_params')

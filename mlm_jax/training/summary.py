@@ -133,10 +133,12 @@ EVAL_FIGURES = ('baseline_token', 'baseline_accuracy', 'mask_accuracy', 'mask_ba
 
 
 def eval_figures(result: dict[str, Any]) -> dict[str, Any]:
-  """The figures of an evaluation that summary.json keeps, as eval_<name>: EVAL_FIGURES and a
-  mixture's [MASK]-slot accuracy per source."""
+  """The figures of an evaluation that summary.json keeps, as eval_<name>: EVAL_FIGURES, a
+  mixture's [MASK]-slot accuracy per source, and those of the weights' average (ema_<name>,
+  config.train.ema_decay), with its loss and accuracy."""
+  ema = {f'ema_{k}' for k in EVAL_FIGURES + ('loss', 'mlm_accuracy')}
   return {f'eval_{k}': v for k, v in result.items()
-          if k in EVAL_FIGURES or k.startswith('mask_accuracy/')}
+          if k in EVAL_FIGURES or k in ema or k.startswith('mask_accuracy/')}
 
 
 def eval_line(step: int, result: dict[str, Any]) -> str:
