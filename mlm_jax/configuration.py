@@ -161,7 +161,10 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
   here to check it against the checkpoint's table; tokenizer.load keeps it,
   so that prepare gets the same one without reading it again.
   """
-  init = config.init
+  init, overrides = config.init, set(overrides)
+  require(not (config.get('phases') and 'train.num_steps' in overrides),
+          'config.train.num_steps is given, but the run is in phases (config.phases), whose '
+          'lengths set the steps: give each phase its steps or tokens instead.')
   if not (init.hf_dir or init.workdir):
     validate(config, num_devices=num_devices)
     return config

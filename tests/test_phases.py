@@ -239,3 +239,9 @@ def test_a_run_killed_in_its_second_phase_resumes_bit_identically(phased_run, tm
   # The metrics of the steps after the kill are the uninterrupted run's.
   ref = {r['step']: r['loss'] for r in _records(reference)}
   assert all(ref[r['step']] == r['loss'] for r in _records(workdir) if r['step'] > 8)
+
+
+def test_steps_given_on_the_command_line_to_a_run_in_phases_are_refused(config):
+  with pytest.raises(configuration.ConfigError, match=r'run is in phases .* give each phase its '
+                     r'steps or tokens'):
+    configuration.resolve(config, 1, ['train.num_steps'])
