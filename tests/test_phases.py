@@ -245,3 +245,33 @@ def test_steps_given_on_the_command_line_to_a_run_in_phases_are_refused(config):
   with pytest.raises(configuration.ConfigError, match=r'run is in phases .* give each phase its '
                      r'steps or tokens'):
     configuration.resolve(config, 1, ['train.num_steps'])
+
+
+def test_a_phase_that_changes_the_shares_continues_each_sources_stream(tmp_path):
+  from mlm_jax.training import loop
+  from mlm_jax.training import mixture_run
+  from tests.test_mixture import _three_sources
+  config, data = _three_sources(tmp_path, temperature=1.0)
+  config = as_modern(config)  # Rotary positions: a phase may lengthen the rows.
+  data.num_parts = 3
+  config.train.batch_warmup_tokens, config.train.batch_warmup_start = 8 * 32 * 2, 8
+  config.train.grad_accum_steps = 2
+  config.phases = (dict(name='near', steps=6), dict(name='far', steps=6, overrides=dict(
+      data=dict(temperature=4.0))), dict(name='long', steps=4, overrides=dict(
+          data=dict(seq_len=64, data_dir=str(tmp_path / 'data-T64')),
+          model=dict(max_position_embeddings=64))))
+  plan = phases.Plan(config)
+  near, far, long = plan.phases
+  boundary = int(plan.rows_before(far.start_step))
+  assert boundary == 2 * 8 + 4 * 16
+  first = mixture_run.MixtureRun(near.config, data, 0, {},
+                                 position_of=lambda s: int(plan.rows_before(s)))
+  run = loop._mixture(far.config, data, plan, far, far.start_step, {})  # pylint: disable=protected-access
+  assert run.mix.start_position == boundary
+  np.testing.assert_array_equal(run.mix.rows_before, first.mix.rows_drawn(boundary))
+  sizes = np.array([30 * n - 5 for n in (10, 40, 160)])
+  np.testing.assert_allclose(run.shares, sizes ** 0.25 / (sizes ** 0.25).sum())
+  # Other rows (another length): the sources' streams start anew at the phase's first row.
+  other = loop._mixture(long.config, data, plan, long, long.start_step, {})  # pylint: disable=protected-access
+  assert other.mix.start_position == int(plan.rows_before(long.start_step))
+  assert not np.any(other.mix.rows_before)
