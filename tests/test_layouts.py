@@ -38,12 +38,16 @@ EXPECTED = {
     'xlm-roberta': ('XLMRobertaForMaskedLM', 'xlm-roberta', 'XLMRobertaTokenizer'),
     'camembert': ('CamembertForMaskedLM', 'camembert', 'CamembertTokenizer'),
     'distilbert': ('DistilBertForMaskedLM', 'distilbert', 'DistilBertTokenizer'),
+    # tokenizer_config.json names GemmaTokenizer, but transformers builds its tokenizer.json
+    # as it is (TokenizersBackend) for every model_type modernbert.
+    'mmbert': ('ModernBertForMaskedLM', 'modernbert', 'TokenizersBackend'),
 }
 # Special ids by role as the builders lay them out (as the published checkpoints do).
 SPECIAL_IDS = {'bert-cased': dict(pad=0, unk=100, cls=101, sep=102, mask=103),
                'xlm-roberta': dict(pad=1, unk=3, cls=0, sep=2, mask=401),
                'camembert': dict(pad=1, unk=3, cls=5, sep=6, mask=404),
-               'distilbert': dict(pad=0, unk=100, cls=101, sep=102, mask=103)}
+               'distilbert': dict(pad=0, unk=100, cls=101, sep=102, mask=103),
+               'mmbert': dict(pad=0, unk=3, cls=2, sep=1, mask=4)}
 _WEIGHT_FILES = ('config.json', 'model.safetensors')
 
 
@@ -112,7 +116,8 @@ def _check_export(source: str, out: str, layout: str) -> None:
 def test_import_gives_transformers_logits_and_ids(checkpoints, layout):
   directory = checkpoints[layout]
   fields = hf.checkpoint_model_fields(directory)
-  assert fields['type_vocab_size'] == {'distilbert': 0, 'bert-cased': 2}.get(layout, 1)
+  assert fields.get('type_vocab_size') == {'distilbert': 0, 'bert-cased': 2,
+                                           'mmbert': None}.get(layout, 1)
   cfg, params = _import(directory)
   theirs = transformers.AutoTokenizer.from_pretrained(directory)
   batch = _batch(theirs, _texts(theirs.mask_token))
@@ -130,9 +135,12 @@ def test_import_gives_transformers_logits_and_ids(checkpoints, layout):
     assert theirs.tokenize('Café')[0] != theirs.tokenize('cafe')[0]
   mask = tokenizer.specials.mask
   assert (expected[4].count(mask), expected[5].count(mask)) == (1, 2)
-  if layout in ('xlm-roberta', 'camembert'):  # The space before the mask is absorbed (lstrip).
-    tokens = theirs.convert_ids_to_tokens(expected[4])
+  if layout in ('xlm-roberta', 'camembert', 'mmbert'):  # The space before the mask is
+    tokens = theirs.convert_ids_to_tokens(expected[4])   # absorbed (lstrip).
     assert tokens[tokens.index(theirs.mask_token) - 1] == '▁a'
+  if layout == 'mmbert':  # Characters outside the pieces are spelled in bytes, never <unk>.
+    assert tokenizer.specials.unk not in sum(expected, [])
+    assert '<0xF0>' in theirs.convert_ids_to_tokens(expected[3])
 
 
 @pytest.mark.parametrize('layout', LAYOUTS)
