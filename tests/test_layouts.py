@@ -1,4 +1,4 @@
-"""bert-base-cased, XLM-R, CamemBERT and DistilBERT in and out as themselves, built offline.
+"""bert-base-cased, XLM-R, CamemBERT, DistilBERT and mmBERT in and out as themselves, offline.
 
 For each layout: the import computes transformers' logits; our reading of
 its tokenizer gives AutoTokenizer's ids (accents, CJK, emoji, a mask after a
@@ -49,6 +49,8 @@ SPECIAL_IDS = {'bert-cased': dict(pad=0, unk=100, cls=101, sep=102, mask=103),
                'distilbert': dict(pad=0, unk=100, cls=101, sep=102, mask=103),
                'mmbert': dict(pad=0, unk=3, cls=2, sep=1, mask=4)}
 _WEIGHT_FILES = ('config.json', 'model.safetensors')
+# Layouts continued with whole-word masking (their word starts: '##'-less pieces, '▁' pieces).
+WHOLE_WORD = ('bert-cased', 'distilbert', 'mmbert')
 
 
 def _texts(mask: str) -> list[str]:
@@ -141,6 +143,11 @@ def test_import_gives_transformers_logits_and_ids(checkpoints, layout):
   if layout == 'mmbert':  # Characters outside the pieces are spelled in bytes, never <unk>.
     assert tokenizer.specials.unk not in sum(expected, [])
     assert '<0xF0>' in theirs.convert_ids_to_tokens(expected[3])
+    # Gemma's normalizer spells spaces '▁' (no Metaspace): words start at '▁' pieces.
+    starts = tokenizer.word_start_mask()
+    pieces = tokenizer.pieces()
+    assert all(starts[i] == p.startswith('▁') for i, p in enumerate(pieces) if i > 260)
+    assert 0 < starts[261:].sum() < len(pieces) - 261
 
 
 @pytest.mark.parametrize('layout', LAYOUTS)
@@ -195,22 +202,23 @@ def test_distilbert_layout_is_checked():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('layout', ['xlm-roberta', 'distilbert'])
+@pytest.mark.parametrize('layout', LAYOUTS)
 def test_continued_run_exports_the_source_kind(checkpoints, layout, corpus_glob, tmp_path):
   """import -> 2 steps at lr 1e-9 -> export: the source's class, tokenizer and predictions
-  (and, for DistilBERT, whole-word masking as for BERT)."""
+  (the WordPiece layouts and mmBERT with whole-word masking)."""
   directory = checkpoints[layout]
   config = micro_config(corpus_glob, str(tmp_path / 'data'))
   config.init.hf_dir = directory
   config.data.seq_len = 32
   config.train.num_steps = 2
   config.train.learning_rate = 1e-9
-  if layout == 'distilbert':
+  if layout in WHOLE_WORD:
     config.masking.mode = 'whole_word'
   workdir, out = str(tmp_path / 'run'), str(tmp_path / 'export')
   run_training(config, workdir)
   run = workdir_lib.export_hf(workdir, out)
-  assert run.model_cfg.type_vocab_size == (0 if layout == 'distilbert' else 1)
+  if layout != 'mmbert':  # ModernBERT has no token-type table at all.
+    assert run.model_cfg.type_vocab_size == {'distilbert': 0, 'bert-cased': 2}.get(layout, 1)
   _check_export(directory, out, layout)
   theirs = transformers.AutoTokenizer.from_pretrained(directory)
   batch = _batch(theirs, _texts(theirs.mask_token))
