@@ -225,3 +225,31 @@ def test_continued_run_exports_the_source_kind(checkpoints, layout, corpus_glob,
   real = batch['attention_mask'] > 0
   top1 = [_their_logits(d, batch).argmax(-1)[real] for d in (directory, out)]
   np.testing.assert_array_equal(top1[0], top1[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('layout', ['distilbert', 'xlm-roberta'])
+def test_fine_tuned_classifier_exports_as_the_source_kind(checkpoints, layout, tmp_path):
+  """finetune --hf_dir (a DistilBERT or XLM-R layout) -> export: DistilBertFor- (XLMRobertaFor-)
+  SequenceClassification, which loads in transformers with our logits and the source's
+  tokenizer class."""
+  from tests.test_finetune import _classify_rows
+  from tests.test_finetune import _config
+  from tests.test_finetune import _export_matches_ours
+  from tests.test_finetune import _write_jsonl
+  from mlm_jax.finetuning import loop
+  train = _write_jsonl(tmp_path / 'train.jsonl', _classify_rows(0, 64))
+  evaluation = _write_jsonl(tmp_path / 'eval.jsonl', _classify_rows(1, 32))
+  config = _config(num_epochs=2.0, eval_every=4)
+  config.data.seq_len = 32
+  out = str(tmp_path / 'classifier')
+  loop.finetune(None, out, 'classify', train, evaluation, config, hf_dir=checkpoints[layout])
+  diff = _export_matches_ours(out, evaluation, tmp_path, 'AutoModelForSequenceClassification')
+  assert diff <= 1e-5, diff
+  hf_dir = str(tmp_path / 'hf')   # _export_matches_ours's export.
+  with open(os.path.join(hf_dir, 'config.json')) as f:
+    config_json = json.load(f)
+  architecture, model_type, tokenizer_class = EXPECTED[layout]
+  assert config_json['architectures'] == [architecture.replace('MaskedLM', 'SequenceClassification')]
+  assert config_json['model_type'] == model_type
+  assert type(transformers.AutoTokenizer.from_pretrained(hf_dir)).__name__ == tokenizer_class
