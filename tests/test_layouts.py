@@ -5,8 +5,10 @@ its tokenizer gives AutoTokenizer's ids (accents, CJK, emoji, a mask after a
 space); the export is the source's class and model_type, carries every
 tokenizer file byte for byte (sentencepiece.bpe.model included), and
 AutoTokenizer on it builds the source's tokenizer class with the source's
-ids; and a run continued from the layout (2 steps at lr 1e-9) exports the
-same, with the source's top-1 predictions. Needs the `interop` extra.
+ids; a run continued from the layout (2 steps at lr 1e-9) exports the
+same, with the source's top-1 predictions; and a classifier fine-tuned from
+a DistilBERT or XLM-R layout exports as that kind's ForSequenceClassification
+(ForTokenClassification) with our logits. Needs the `interop` extra.
 """
 
 import json
@@ -228,28 +230,32 @@ def test_continued_run_exports_the_source_kind(checkpoints, layout, corpus_glob,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('layout', ['distilbert', 'xlm-roberta'])
-def test_fine_tuned_classifier_exports_as_the_source_kind(checkpoints, layout, tmp_path):
+@pytest.mark.parametrize('layout,task', [('distilbert', 'classify'), ('distilbert', 'tag'),
+                                         ('xlm-roberta', 'classify')])
+def test_fine_tuned_classifier_exports_as_the_source_kind(checkpoints, layout, task, tmp_path):
   """finetune --hf_dir (a DistilBERT or XLM-R layout) -> export: DistilBertFor- (XLMRobertaFor-)
-  SequenceClassification, which loads in transformers with our logits and the source's
-  tokenizer class."""
+  SequenceClassification or TokenClassification, which loads in transformers with our logits
+  and the source's tokenizer class."""
   from tests.test_finetune import _classify_rows
   from tests.test_finetune import _config
   from tests.test_finetune import _export_matches_ours
+  from tests.test_finetune import _tag_rows
   from tests.test_finetune import _write_jsonl
   from mlm_jax.finetuning import loop
-  train = _write_jsonl(tmp_path / 'train.jsonl', _classify_rows(0, 64))
-  evaluation = _write_jsonl(tmp_path / 'eval.jsonl', _classify_rows(1, 32))
+  rows = _tag_rows if task == 'tag' else _classify_rows
+  train = _write_jsonl(tmp_path / 'train.jsonl', rows(0, 64))
+  evaluation = _write_jsonl(tmp_path / 'eval.jsonl', rows(1, 32))
   config = _config(num_epochs=2.0, eval_every=4)
   config.data.seq_len = 32
   out = str(tmp_path / 'classifier')
-  loop.finetune(None, out, 'classify', train, evaluation, config, hf_dir=checkpoints[layout])
-  diff = _export_matches_ours(out, evaluation, tmp_path, 'AutoModelForSequenceClassification')
+  loop.finetune(None, out, task, train, evaluation, config, hf_dir=checkpoints[layout])
+  head = 'TokenClassification' if task == 'tag' else 'SequenceClassification'
+  diff = _export_matches_ours(out, evaluation, tmp_path, f'AutoModelFor{head}')
   assert diff <= 1e-5, diff
   hf_dir = str(tmp_path / 'hf')   # _export_matches_ours's export.
   with open(os.path.join(hf_dir, 'config.json')) as f:
     config_json = json.load(f)
   architecture, model_type, tokenizer_class = EXPECTED[layout]
-  assert config_json['architectures'] == [architecture.replace('MaskedLM', 'SequenceClassification')]
+  assert config_json['architectures'] == [architecture.replace('MaskedLM', head)]
   assert config_json['model_type'] == model_type
   assert type(transformers.AutoTokenizer.from_pretrained(hf_dir)).__name__ == tokenizer_class
