@@ -53,7 +53,7 @@ def main() -> None:
       raise configuration.ConfigError('--embedding_correction applies to a masked LM (--workdir), not to a '
                        'fine-tuned model (--model).')
     model = classifier_export.export(_MODEL.value, _OUT.value, _STEP.value)
-    architecture = classifier_export.ARCHITECTURES[model.model_cfg.variant, model.task == 'tag']
+    architecture = classifier_export.architecture(model)
     print(f'exported step {model.step} of {model.out_dir} ({model.task}, '
           f'{len(model.labels or [0])} outputs) as {architecture} to {os.path.abspath(_OUT.value)}')
     return

@@ -32,6 +32,12 @@ model.safetensors). What must stay true, per layout:
                   or accent stripping (do_lower_case false).
   make_distilbert distilbert-base-uncased: bert-base-uncased's tokenizer as
                   DistilBertTokenizer; DistilBertForMaskedLM (no token types).
+  make_mmbert     mmBERT (jhu-clsp/mmBERT-base): Gemma's tokenizer, a BPE over
+                  '▁'-spelled spaces with byte fallback (<0x00>..<0xFF> pieces),
+                  <pad>=0 <eos>=1 <bos>=2 <unk>=3 <mask>=4 (lstrip), '<bos> $A
+                  <eos>' around a text, saved by GemmaTokenizer (tokenizer.json,
+                  tokenizer_class GemmaTokenizer); ModernBertForMaskedLM whose
+                  table is the tokenizer's size (as 256000), cls = bos, sep = eos.
 
 Every weight is perturbed after initialisation (norms and biases too), so a
 conversion that drops or misplaces any tensor changes the logits. Needs
@@ -321,10 +327,56 @@ def make_distilbert(directory: str, texts: Sequence[str], vocab_size: int = 400,
   return directory
 
 
+# Gemma's first ids (mmBERT keeps them: pad 0, eos/sep 1, bos/cls 2, mask 4), then its
+# 256 byte-fallback pieces (Gemma has them after its unused tokens, not at 5..260).
+GEMMA_SPECIALS = ('<pad>', '<eos>', '<bos>', '<unk>', '<mask>')
+GEMMA_BYTES = tuple(f'<0x{b:02X}>' for b in range(256))
+
+
+def make_mmbert(directory: str, texts: Sequence[str], vocab_size: int = 600, seed: int = 0,
+                **model_kw) -> str:
+  """mmBERT's layout in `directory` (a small ModernBertForMaskedLM over a Gemma-style
+  tokenizer); returns it.
+
+  vocab_size: the tokenizer's ids, specials and byte pieces included (at least 262).
+  model_kw: ModernBertConfig fields, as make_modernbert.
+  """
+  import transformers  # pylint: disable=import-outside-toplevel
+  os.makedirs(directory, exist_ok=True)
+  # Trained with words split at '▁' (as sentencepiece's BPE that Gemma's pieces come from);
+  # the saved tokenizer is Gemma's pipeline: spaces to '▁', no word split, byte fallback.
+  trained = tk.Tokenizer(tk.models.BPE(unk_token='<unk>', byte_fallback=True, fuse_unk=True))
+  trained.normalizer = tk.normalizers.Replace(' ', '\u2581')
+  trained.pre_tokenizer = tk.pre_tokenizers.Metaspace(prepend_scheme='never', split=True)
+  trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size,
+                                   special_tokens=[*GEMMA_SPECIALS, *GEMMA_BYTES],
+                                   limit_alphabet=100, show_progress=False)
+  trained.train_from_iterator(list(texts), trainer)
+  spec = json.loads(trained.to_str())['model']
+  vocab = dict(spec['vocab'])
+  merges = [tuple(m.split(' ')) if isinstance(m, str) else tuple(m) for m in spec['merges']]
+  assert [vocab[t] for t in (*GEMMA_SPECIALS, *GEMMA_BYTES)] == list(range(261))
+  tokenizer = transformers.GemmaTokenizer(
+      vocab=vocab, merges=merges, add_bos_token=True, add_eos_token=True, model_max_length=8192,
+      mask_token=tk.AddedToken('<mask>', lstrip=True, rstrip=False, special=True,
+                               normalized=False))
+  _save_tokenizer(tokenizer, directory)
+  fields = {**_SMALL, 'max_position_embeddings': 64, 'local_attention': 16,
+            'global_attn_every_n_layers': 2, 'embedding_dropout': 0.0, 'mlp_dropout': 0.0,
+            'attention_dropout': 0.0, 'norm_eps': 1e-5, **model_kw}
+  config = transformers.ModernBertConfig(
+      vocab_size=len(vocab), pad_token_id=0, bos_token_id=2, eos_token_id=1, cls_token_id=2,
+      sep_token_id=1, **fields)
+  config._attn_implementation = 'eager'  # pylint: disable=protected-access
+  _save_model(directory, config, 'ModernBertForMaskedLM', seed)
+  return directory
+
+
 MAKERS = {'bert': make_bert, 'roberta': make_roberta, 'modern': make_modernbert}
 # More published layouts, each exported as its own class and tokenizer (tests/test_layouts.py).
 MORE_MAKERS = {'bert-cased': make_bert_cased, 'xlm-roberta': make_xlm_roberta,
-               'camembert': make_camembert, 'distilbert': make_distilbert}
+               'camembert': make_camembert, 'distilbert': make_distilbert,
+               'mmbert': make_mmbert}
 
 
 def sample_texts(num_docs: int = 300) -> list[str]:

@@ -1,12 +1,14 @@
-"""bert-base-cased, XLM-R, CamemBERT and DistilBERT in and out as themselves, built offline.
+"""bert-base-cased, XLM-R, CamemBERT, DistilBERT and mmBERT in and out as themselves, offline.
 
 For each layout: the import computes transformers' logits; our reading of
 its tokenizer gives AutoTokenizer's ids (accents, CJK, emoji, a mask after a
 space); the export is the source's class and model_type, carries every
 tokenizer file byte for byte (sentencepiece.bpe.model included), and
 AutoTokenizer on it builds the source's tokenizer class with the source's
-ids; and a run continued from the layout (2 steps at lr 1e-9) exports the
-same, with the source's top-1 predictions. Needs the `interop` extra.
+ids; a run continued from the layout (2 steps at lr 1e-9) exports the
+same, with the source's top-1 predictions; and a classifier fine-tuned from
+a DistilBERT or XLM-R layout exports as that kind's ForSequenceClassification
+(ForTokenClassification) with our logits. Needs the `interop` extra.
 """
 
 import json
@@ -38,13 +40,19 @@ EXPECTED = {
     'xlm-roberta': ('XLMRobertaForMaskedLM', 'xlm-roberta', 'XLMRobertaTokenizer'),
     'camembert': ('CamembertForMaskedLM', 'camembert', 'CamembertTokenizer'),
     'distilbert': ('DistilBertForMaskedLM', 'distilbert', 'DistilBertTokenizer'),
+    # tokenizer_config.json names GemmaTokenizer, but transformers builds its tokenizer.json
+    # as it is (TokenizersBackend) for every model_type modernbert.
+    'mmbert': ('ModernBertForMaskedLM', 'modernbert', 'TokenizersBackend'),
 }
 # Special ids by role as the builders lay them out (as the published checkpoints do).
 SPECIAL_IDS = {'bert-cased': dict(pad=0, unk=100, cls=101, sep=102, mask=103),
                'xlm-roberta': dict(pad=1, unk=3, cls=0, sep=2, mask=401),
                'camembert': dict(pad=1, unk=3, cls=5, sep=6, mask=404),
-               'distilbert': dict(pad=0, unk=100, cls=101, sep=102, mask=103)}
+               'distilbert': dict(pad=0, unk=100, cls=101, sep=102, mask=103),
+               'mmbert': dict(pad=0, unk=3, cls=2, sep=1, mask=4)}
 _WEIGHT_FILES = ('config.json', 'model.safetensors')
+# Layouts continued with whole-word masking (their word starts: '##'-less pieces, '▁' pieces).
+WHOLE_WORD = ('bert-cased', 'distilbert', 'mmbert')
 
 
 def _texts(mask: str) -> list[str]:
@@ -112,7 +120,8 @@ def _check_export(source: str, out: str, layout: str) -> None:
 def test_import_gives_transformers_logits_and_ids(checkpoints, layout):
   directory = checkpoints[layout]
   fields = hf.checkpoint_model_fields(directory)
-  assert fields['type_vocab_size'] == {'distilbert': 0, 'bert-cased': 2}.get(layout, 1)
+  assert fields.get('type_vocab_size') == {'distilbert': 0, 'bert-cased': 2,
+                                           'mmbert': None}.get(layout, 1)
   cfg, params = _import(directory)
   theirs = transformers.AutoTokenizer.from_pretrained(directory)
   batch = _batch(theirs, _texts(theirs.mask_token))
@@ -130,9 +139,17 @@ def test_import_gives_transformers_logits_and_ids(checkpoints, layout):
     assert theirs.tokenize('Café')[0] != theirs.tokenize('cafe')[0]
   mask = tokenizer.specials.mask
   assert (expected[4].count(mask), expected[5].count(mask)) == (1, 2)
-  if layout in ('xlm-roberta', 'camembert'):  # The space before the mask is absorbed (lstrip).
-    tokens = theirs.convert_ids_to_tokens(expected[4])
+  if layout in ('xlm-roberta', 'camembert', 'mmbert'):  # The space before the mask is
+    tokens = theirs.convert_ids_to_tokens(expected[4])   # absorbed (lstrip).
     assert tokens[tokens.index(theirs.mask_token) - 1] == '▁a'
+  if layout == 'mmbert':  # Characters outside the pieces are spelled in bytes, never <unk>.
+    assert tokenizer.specials.unk not in sum(expected, [])
+    assert '<0xF0>' in theirs.convert_ids_to_tokens(expected[3])
+    # Gemma's normalizer spells spaces '▁' (no Metaspace): words start at '▁' pieces.
+    starts = tokenizer.word_start_mask()
+    pieces = tokenizer.pieces()
+    assert all(starts[i] == p.startswith('▁') for i, p in enumerate(pieces) if i > 260)
+    assert 0 < starts[261:].sum() < len(pieces) - 261
 
 
 @pytest.mark.parametrize('layout', LAYOUTS)
@@ -187,25 +204,58 @@ def test_distilbert_layout_is_checked():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('layout', ['xlm-roberta', 'distilbert'])
+@pytest.mark.parametrize('layout', LAYOUTS)
 def test_continued_run_exports_the_source_kind(checkpoints, layout, corpus_glob, tmp_path):
   """import -> 2 steps at lr 1e-9 -> export: the source's class, tokenizer and predictions
-  (and, for DistilBERT, whole-word masking as for BERT)."""
+  (the WordPiece layouts and mmBERT with whole-word masking)."""
   directory = checkpoints[layout]
   config = micro_config(corpus_glob, str(tmp_path / 'data'))
   config.init.hf_dir = directory
   config.data.seq_len = 32
   config.train.num_steps = 2
   config.train.learning_rate = 1e-9
-  if layout == 'distilbert':
+  if layout in WHOLE_WORD:
     config.masking.mode = 'whole_word'
   workdir, out = str(tmp_path / 'run'), str(tmp_path / 'export')
   run_training(config, workdir)
   run = workdir_lib.export_hf(workdir, out)
-  assert run.model_cfg.type_vocab_size == (0 if layout == 'distilbert' else 1)
+  if layout != 'mmbert':  # ModernBERT has no token-type table at all.
+    assert run.model_cfg.type_vocab_size == {'distilbert': 0, 'bert-cased': 2}.get(layout, 1)
   _check_export(directory, out, layout)
   theirs = transformers.AutoTokenizer.from_pretrained(directory)
   batch = _batch(theirs, _texts(theirs.mask_token))
   real = batch['attention_mask'] > 0
   top1 = [_their_logits(d, batch).argmax(-1)[real] for d in (directory, out)]
   np.testing.assert_array_equal(top1[0], top1[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('layout,task', [('distilbert', 'classify'), ('distilbert', 'tag'),
+                                         ('xlm-roberta', 'classify')])
+def test_fine_tuned_classifier_exports_as_the_source_kind(checkpoints, layout, task, tmp_path):
+  """finetune --hf_dir (a DistilBERT or XLM-R layout) -> export: DistilBertFor- (XLMRobertaFor-)
+  SequenceClassification or TokenClassification, which loads in transformers with our logits
+  and the source's tokenizer class."""
+  from tests.test_finetune import _classify_rows
+  from tests.test_finetune import _config
+  from tests.test_finetune import _export_matches_ours
+  from tests.test_finetune import _tag_rows
+  from tests.test_finetune import _write_jsonl
+  from mlm_jax.finetuning import loop
+  rows = _tag_rows if task == 'tag' else _classify_rows
+  train = _write_jsonl(tmp_path / 'train.jsonl', rows(0, 64))
+  evaluation = _write_jsonl(tmp_path / 'eval.jsonl', rows(1, 32))
+  config = _config(num_epochs=2.0, eval_every=4)
+  config.data.seq_len = 32
+  out = str(tmp_path / 'classifier')
+  loop.finetune(None, out, task, train, evaluation, config, hf_dir=checkpoints[layout])
+  head = 'TokenClassification' if task == 'tag' else 'SequenceClassification'
+  diff = _export_matches_ours(out, evaluation, tmp_path, f'AutoModelFor{head}')
+  assert diff <= 1e-5, diff
+  hf_dir = str(tmp_path / 'hf')   # _export_matches_ours's export.
+  with open(os.path.join(hf_dir, 'config.json')) as f:
+    config_json = json.load(f)
+  architecture, model_type, tokenizer_class = EXPECTED[layout]
+  assert config_json['architectures'] == [architecture.replace('MaskedLM', head)]
+  assert config_json['model_type'] == model_type
+  assert type(transformers.AutoTokenizer.from_pretrained(hf_dir)).__name__ == tokenizer_class

@@ -155,3 +155,42 @@ def test_continuing_a_published_checkpoint_with_fsdp_across_processes_matches_on
   np.testing.assert_allclose([l for _, l in two], [l for _, l in eight], rtol=1e-5)
   with open(tmp_path / 'p2x4' / 'config.json') as f:
     assert json.load(f)['init']['hf_dir'] == f'example-org/bert-mini@{revision}'
+
+
+@pytest.mark.slow
+def test_continuing_a_run_with_added_words_with_fsdp_across_processes_matches_one(
+    corpus_glob, tmp_path):
+  """config.init.workdir and config.tokenizer.add_tokens in one launch: 2 processes x 4 devices
+  at fsdp=8 continue an earlier run (its weights, its Hugging Face tokenizer) with 3 words
+  added, whose grown embedding rows are placed shard by shard as the rest, and log the losses
+  of 1 process x 8 devices."""
+  pytest.importorskip('transformers')
+  from tests import published
+  bert = published.make_bert(str(tmp_path / 'bert'), published.sample_texts(100))
+  # The earlier run: the published BERT continued 1 step here (a run with a tokenizer/ dir).
+  earlier = micro_config(corpus_glob, str(tmp_path / 'data_earlier'))
+  earlier.init.hf_dir = bert
+  earlier.train.update(num_steps=1, log_every=1, eval_every=1, checkpoint_every=1)
+  run_training(earlier, str(tmp_path / 'earlier'))
+  words = tmp_path / 'words.txt'
+  words.write_text('hyperparameterization\nbackpropagation\nxylophonist\n')
+  steps, data_dir = 2, str(tmp_path / 'data')   # Prepared by the 2 x 4 run, read by the 1 x 8.
+  overrides = {'init.workdir': str(tmp_path / 'earlier'), 'tokenizer.add_tokens': str(words),
+               'mesh.fsdp': 8}
+  config_file = write_config_file(tmp_path / 'continue.py', corpus_glob, data_dir, overrides,
+                                  num_steps=steps, log_every=1, eval_every=steps,
+                                  checkpoint_every=steps, concurrent_chains=1)
+  two = _train_losses(config_file, str(tmp_path / 'p2x4'), num_processes=2, devices=4)
+  config = micro_config(corpus_glob, data_dir)
+  config.init.workdir, config.tokenizer.add_tokens = str(tmp_path / 'earlier'), str(words)
+  config.mesh.fsdp = 8
+  config.train.update(num_steps=steps, log_every=1, eval_every=steps, checkpoint_every=steps,
+                      concurrent_chains=1)
+  run_training(config, str(tmp_path / 'p1x8'))
+  eight = _logged_losses(str(tmp_path / 'p1x8'))
+  print('losses 2x4:', two, '1x8:', eight)
+  assert [s for s, _ in two] == [s for s, _ in eight] == [1, 2]
+  np.testing.assert_allclose([l for _, l in two], [l for _, l in eight], rtol=1e-5)
+  with open(tmp_path / 'p2x4' / 'config.json') as f:
+    grown = json.load(f)['resolved']['vocab_size']
+  assert grown >= 400 + 3   # The table (400 rows) grew for the 3 words.

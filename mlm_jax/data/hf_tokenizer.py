@@ -146,7 +146,8 @@ class HFTokenizer(tok_lib.Tokenizer):
 
   def word_start_mask(self) -> np.ndarray:
     """[vocab] bool. WordPiece: pieces without the continuation prefix ('##'); byte-level BPE:
-    pieces that begin with 'Ġ' (a space); sentencepiece-style (Metaspace): with '▁'. Added and
+    pieces that begin with 'Ġ' (a space); sentencepiece-style (Metaspace, or a normalizer that
+    spells spaces '▁', as Gemma's): with '▁'. Added and
     special tokens are whole words."""
     pieces = self.pieces()
     model, pre = self._spec['model'], json.dumps(self._spec.get('pre_tokenizer'))
@@ -155,7 +156,9 @@ class HFTokenizer(tok_lib.Tokenizer):
       starts = np.array([not p.startswith(prefix) for p in pieces], bool)
     elif '"ByteLevel"' in pre:
       starts = np.array([p.startswith('\u0120') for p in pieces], bool)
-    elif '"Metaspace"' in pre:
+    elif '"Metaspace"' in pre or '\u2581' in json.dumps(self._spec.get('normalizer'),
+                                                     ensure_ascii=False):
+      # Metaspace, or spaces spelled '▁' by the normalizer (Gemma's, mmBERT's).
       starts = np.array([p.startswith('\u2581') for p in pieces], bool)
     else:  # Words split by the pre-tokenizer alone: every piece is one.
       starts = np.ones(len(pieces), bool)

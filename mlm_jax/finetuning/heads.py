@@ -3,6 +3,9 @@
   variant 'bert'    sequence: pooler (dense + tanh on [CLS]), dropout, classifier
                     (BertForSequenceClassification); tokens: dropout, classifier
                     on every position (BertForTokenClassification)
+  DistilBERT        (variant 'bert' with type_vocab_size 0) sequence: as 'bert' with
+                    ReLU for tanh (pre_classifier, DistilBertForSequenceClassification);
+                    tokens: as 'bert' (DistilBertForTokenClassification)
   variant 'roberta' sequence: dropout, then as 'bert' (RobertaClassificationHead:
                     dense + tanh on <s>, dropout, out_proj); tokens: as 'bert'
                     (RobertaForTokenClassification)
@@ -34,6 +37,11 @@ from mlm_jax.model.layers import zeros
 from mlm_jax.runtime import platform_ops
 
 
+def is_distilbert(cfg: model_lib.ModelConfig) -> bool:
+  """The encoder DistilBERT's layout holds: BERT's without a token-type table."""
+  return cfg.variant == 'bert' and cfg.type_vocab_size == 0
+
+
 class ClassifierHead(nn.Module):
   """Encoder output -> logits, at [CLS] (per_token False) or at every position."""
 
@@ -56,9 +64,10 @@ class ClassifierHead(nn.Module):
     elif not self.per_token:
       if cfg.variant == 'roberta':
         x = ops.dropout(self.dropout_rate)(x, deterministic=deterministic)
-      x = jnp.tanh(ops.dense(cfg.hidden_size, dtype=cfg.dtype,
-                             kernel_init=dense_init(cfg, (EMBED, MLP)),
-                             bias_init=zeros((MLP,)), name='pooler')(x))
+      x = ops.dense(cfg.hidden_size, dtype=cfg.dtype, kernel_init=dense_init(cfg, (EMBED, MLP)),
+                    bias_init=zeros((MLP,)), name='pooler')(x)
+      # DistilBERT's pre_classifier is followed by a ReLU, BERT's pooler by a tanh.
+      x = nn.relu(x) if is_distilbert(cfg) else jnp.tanh(x)
     x = ops.dropout(self.dropout_rate)(x, deterministic=deterministic)
     return ops.dense(self.num_outputs, dtype=cfg.dtype,
                      kernel_init=dense_init(cfg, (MLP, None)), bias_init=zeros((None,)),
