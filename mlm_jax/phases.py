@@ -55,7 +55,7 @@ _SHAPE_FIELDS = {
               'intermediate_size', 'type_vocab_size', 'scan_layers'),
     'sentence_pair': ('task',),
     'mesh': ('fsdp',),
-    'train': ('ema_decay', 'batch_warmup_tokens', 'batch_warmup_start'),
+    'train': ('ema_decay',),
     'init': ('hf_dir', 'workdir'),
 }
 # Sections a phase may not override at all: the ids must mean the same pieces throughout.
@@ -115,6 +115,9 @@ class Plan:
       phase_config = _apply(previous, entry['overrides'], entry['name']) if self.phased else config
       if self.phased:
         _check_shape(config, phase_config, entry)
+        if index:  # The batch warm-up is the run's, inside its first phase.
+          with phase_config.train.ignore_type():
+            phase_config.train.batch_warmup_tokens = phase_config.train.batch_warmup_start = 0
         _check_data_dir(config, phase_config, entry['name'])
       t = phase_config.data.seq_len
       ramp = _warmup_levels(config.train, t, phase_config.train.batch_size) if index == 0 else []
@@ -287,6 +290,10 @@ def _check_entry(entry: Mapping[str, Any], index: int) -> dict[str, Any]:
 def _apply(previous: ml_collections.ConfigDict, overrides: dict[str, Any],
            name: str) -> ml_collections.ConfigDict:
   """`previous` with a phase's overrides ({section: {field: value}}) applied, phases removed."""
+  warmup = sorted(set(dict(overrides.get('train', {}) or {})) & {'batch_warmup_tokens',
+                                                                  'batch_warmup_start'})
+  require(not warmup, f'phase {name!r} sets config.train.{warmup[0] if warmup else ""}: the '
+          "batch warm-up is the run's, from its first step (set it outside config.phases).")
   config = copy.deepcopy(previous)
   with config.ignore_type():
     config.phases = ()

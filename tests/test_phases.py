@@ -130,6 +130,8 @@ def test_a_config_without_phases_is_one_phase_of_itself():
      r'the tokenizer and seed hold for the whole run'),
     (lambda c: c.phases[1]['overrides']['masking'].update(max_predictions=8),
      r'max_predictions'),
+    (lambda c: c.phases[1]['overrides']['train'].update(batch_warmup_tokens=100),
+     r"the batch warm-up is the run's, from its first step"),
 ])
 def test_bad_phases_are_one_line_naming_the_fix(config, change, message):
   config.phases = tuple(json.loads(json.dumps(config.phases)))  # Mutable copies.
