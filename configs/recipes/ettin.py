@@ -4,10 +4,10 @@ Published (`--config=configs/recipes/ettin.py`), from the encoder yamls of
 JHU-CLSP/ettin-encoder-vs-decoder pretraining/configs/standard/base/ (the
 recipe of ModernBERT, with open data, for an encoder of ModernBERT-base's shape):
 
-  phase     tokens  T      masking  schedule                          batch (rows)                lr
-  pretrain  1.7T    1,024  30%      3B-token warm-up, constant        72 -> 4,608 over 50B tokens  8e-4
-  context   250B    7,999  30%      1-sqrt to 0.5 x peak              4,608                       8e-4
-  decay     50B     7,999  15%      1-sqrt from 4e-4 to 0.04 x 4e-4   4,608                       4e-4
+  phase     tokens  T      masking  learning rate                      batch (rows)
+  pretrain  1.7T    1,024  30%      3B-token warm-up, 8e-4 held        72 -> 4,608 over 50B tokens
+  context   250B    7,999  30%      1-sqrt from 8e-4 to 0.5 x          4,608
+  decay     50B     7,999  15%      1-sqrt from 4e-4 to 0.04 x         4,608
 
 StableAdamW (betas 0.9, 0.98, eps 1e-6) throughout, its moments carried over
 both boundaries; every layer's rotary base goes from 10,000 to 160,000 at the

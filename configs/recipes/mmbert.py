@@ -4,10 +4,11 @@ Published (`--config=configs/recipes/mmbert.py`, or `...mmbert.py:data=ROOT` for
 other than ./mmbert-data), from JHU-CLSP/mmBERT configs/mmBERT-base*.yaml and the paper
 (arXiv 2509.06888, section 3):
 
-  phase     tokens  T      masking  languages (tau)  schedule                      batch (rows)   lr
-  pretrain  2.3T    1,024  30%      61 (0.7)         3B-token warm-up, constant    48 -> 4,608 over 60B tokens  8e-4
-  ext       600B    8,192  15%      110 (0.5)        constant                      4,608          8e-4
-  decay     100B    8,192  5%       110 (0.3)        1-sqrt to 0.02 x peak         4,608          8e-4
+  phase     tokens  T      masking  languages (exponent)  learning rate            batch (rows)
+  pretrain  2.3T    1,024  30%      61 (0.7)              3B-token warm-up, held   48 -> 4,608 *
+  ext       600B    8,192  15%      110 (0.5)             8e-4 held                4,608
+  decay     100B    8,192  5%       110 (0.3)             1-sqrt to 0.02 x         4,608
+  (* over the first 60B tokens; the peak is 8e-4)
 
 StableAdamW (betas 0.9, 0.95, eps 1e-8) throughout, its moments carried over
 both boundaries; every layer's rotary base goes from 10,000 to 160,000 at the

@@ -3,10 +3,10 @@
 Published (`--config=configs/recipes/modernbert.py`), from the three yamls of
 AnswerDotAI/ModernBERT yamls/modernbert/ (branch pretraining_documentation):
 
-  phase     tokens   T      masking  schedule                     batch (rows)     lr
-  pretrain  1.719T   1,024  30%      3B-token warm-up, constant   96 -> 4,608 over 50B tokens  8e-4
-  context   250B     8,192  30%      constant                     576              3e-4
-  decay     50B      8,192  30%      1-sqrt to 0.001 x peak       576              3e-4
+  phase     tokens   T      masking  learning rate                 batch (rows)
+  pretrain  1.719T   1,024  30%      3B-token warm-up, 8e-4 held   96 -> 4,608 over 50B tokens
+  context   250B     8,192  30%      3e-4 held                     576
+  decay     50B      8,192  30%      1-sqrt from 3e-4 to 0.001 x   576
 
 StableAdamW (betas 0.9, 0.98, eps 1e-6) throughout, its moments carried over
 both boundaries; the global layers' rotary base goes from 10,000 to 160,000
