@@ -17,8 +17,8 @@ config.data.corpus (and each phase's data.corpus override) at yours.
 
 Tiny (`:tiny`): the same three phases on the built-in corpus with
 configs/tiny.py's model, 128 -> 256 tokens, 30% -> 15% masking, the batch
-warmed up from 8 to 16 rows: 3.0M tokens (pretrain 1.6M at T=128, context
-0.9M and decay 0.5M at T=256).
+warmed up from 8 to 16 rows: 4.0M tokens (pretrain 2.0M at T=128, context
+1.2M and decay 0.8M at T=256).
 Smoke (`:smoke`): the tiny phases at 3 steps each, for tests.
 What differs from the original and why: docs/recipes.md.
 """
@@ -184,18 +184,18 @@ def _tiny() -> ml_collections.ConfigDict:
   long_model = dict(max_position_embeddings=256, global_rope_theta=160_000.0,
                     local_rope_theta=160_000.0)
   config.phases = (
-      dict(name='pretrain', tokens=1_600_000,
+      dict(name='pretrain', tokens=2_000_000,
            overrides=dict(train=dict(schedule='constant'))),
       # Rows twice as long (Ettin: 1,024 -> 7,999), every rotary base 160,000, a 1-sqrt decay to
       # half the peak.
-      dict(name='context', tokens=900_000, overrides=dict(
+      dict(name='context', tokens=1_200_000, overrides=dict(
           data=dict(seq_len=256), model=long_model,
           masking=dict(max_predictions=common.max_predictions(0.3, 256)),
           train=dict(schedule='decay', decay_shape='1-sqrt', final_lr_ratio=0.5,
                      warmup_steps=0),
           eval=dict(batch_size=32))),
       # 15% masking; from half the peak (1e-3) down to 0.04 of it, as Ettin's 4e-4 -> 1.6e-5.
-      dict(name='decay', tokens=500_000, overrides=dict(
+      dict(name='decay', tokens=800_000, overrides=dict(
           masking=dict(select_rate=0.15),
           train=dict(learning_rate=1e-3, final_lr_ratio=0.04))),
   )

@@ -23,8 +23,8 @@ Decay-All with 1,833 languages): docs/recipes.md says how with
 
 Tiny (`:tiny`): the same three phases on the built-in corpus (one source: no
 mixture) with configs/tiny.py's model, 128 -> 256 tokens, 30% -> 15% -> 5%
-masking, the batch warmed up from 8 to 16 rows: 3.0M tokens (pretrain 1.6M at
-T=128, ext 0.9M and decay 0.5M at T=256).
+masking, the batch warmed up from 8 to 16 rows: 4.0M tokens (pretrain 2.0M at
+T=128, ext 1.2M and decay 0.8M at T=256).
 Smoke (`:smoke`): the tiny phases at 3 steps each, for tests.
 What differs from the original and why: docs/recipes.md.
 """
@@ -208,17 +208,17 @@ def _tiny() -> ml_collections.ConfigDict:
   long_model = dict(max_position_embeddings=256, global_rope_theta=160_000.0,
                     local_rope_theta=160_000.0)
   config.phases = (
-      dict(name='pretrain', tokens=1_600_000,
+      dict(name='pretrain', tokens=2_000_000,
            overrides=dict(train=dict(schedule='constant'))),
       # Rows twice as long (mmBERT: 1,024 -> 8,192), every rotary base 160,000, 15% masking,
       # the peak held.
-      dict(name='ext', tokens=900_000, overrides=dict(
+      dict(name='ext', tokens=1_200_000, overrides=dict(
           data=dict(seq_len=256), model=long_model,
           masking=dict(select_rate=0.15, max_predictions=common.max_predictions(0.15, 256)),
           train=dict(schedule='constant', warmup_steps=0),
           eval=dict(batch_size=32))),
       # 5% masking and a 1-sqrt decay to 0.02 of the peak.
-      dict(name='decay', tokens=500_000, overrides=dict(
+      dict(name='decay', tokens=800_000, overrides=dict(
           masking=dict(select_rate=0.05),
           train=dict(schedule='decay', decay_shape='1-sqrt', final_lr_ratio=0.02))),
   )

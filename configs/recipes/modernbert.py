@@ -17,8 +17,8 @@ the optimizer's moments and restarts the schedule: here, one run in phases.
 
 Tiny (`:tiny`): the same three phases on the built-in corpus with
 configs/tiny.py's model, 128 -> 256 tokens, 30% -> 15% masking in the decay
-phase, the batch warmed up from 8 to 16 rows: 3.0M tokens
-(pretrain 1.6M at T=128, context 0.9M and decay 0.5M at T=256).
+phase, the batch warmed up from 8 to 16 rows: 4.0M tokens
+(pretrain 2.0M at T=128, context 1.2M and decay 0.8M at T=256).
 Smoke (`:smoke`): the tiny phases at 3 steps each, for tests.
 What differs from the original and why: docs/recipes.md.
 """
@@ -175,19 +175,19 @@ def _tiny() -> ml_collections.ConfigDict:
   config.train.grad_accum_steps = 2
   config.train.batch_warmup_start = 8
   config.train.batch_warmup_tokens = 300_000
-  # About 1,600 steps in all: a few evaluations per phase.
+  # About 1,600 steps in all: an evaluation every 250 steps and at each phase's end.
   config.train.log_every = 50
   config.train.eval_every = 250
   config.train.checkpoint_every = 250
   config.phases = (
-      dict(name='pretrain', tokens=1_600_000,
+      dict(name='pretrain', tokens=2_000_000,
            overrides=dict(train=dict(schedule='constant'))),
       # Rows twice as long; the global layers' rotary base 160,000 and the peak rate falling
       # by 3/8 (ModernBERT's 8e-4 -> 3e-4; here 2e-3 -> 7.5e-4). ModernBERT also cuts the rows
       # per step (4,608 -> 576, the same tokens per step); here the batch stays 16 rows:
       # every phase's batch must stay above the warm-up's start of 8 (mlm_jax checks each
       # phase against it).
-      dict(name='context', tokens=900_000, overrides=dict(
+      dict(name='context', tokens=1_200_000, overrides=dict(
           data=dict(seq_len=256),
           model=dict(max_position_embeddings=256, global_rope_theta=160_000.0),
           masking=dict(max_predictions=common.max_predictions(0.3, 256)),
@@ -195,7 +195,7 @@ def _tiny() -> ml_collections.ConfigDict:
           eval=dict(batch_size=32))),
       # ModernBERT keeps 30% here; the tiny recipe drops to 15% (as Ettin's and mmBERT's last
       # phases do) so that a short run exercises a change of masking rate too.
-      dict(name='decay', tokens=500_000, overrides=dict(
+      dict(name='decay', tokens=800_000, overrides=dict(
           masking=dict(select_rate=0.15),
           train=dict(schedule='decay', decay_shape='1-sqrt', final_lr_ratio=0.001))),
   )
