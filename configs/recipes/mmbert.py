@@ -164,7 +164,10 @@ def _published(root: str) -> ml_collections.ConfigDict:
           model=long_model,
           # mlm_probability: 0.15 (_EXT); P for 15% of 8,192 tokens.
           masking=dict(select_rate=0.15, max_predictions=common.max_predictions(0.15, 8192)),
-          train=dict(schedule='constant', warmup_steps=0, grad_accum_steps=576))),
+          train=dict(schedule='constant', warmup_steps=0, grad_accum_steps=576),
+          # About the tokens of 36 rows of 1,024 per evaluation step: 4 rows of 8,192 (the
+          # logits at P slots over 256,000 pieces grow with the rows).
+          eval=dict(batch_size=4))),
       # max_duration: 100000000000tok, scheduler one_minus_sqrt over t_decay: 100000000000tok to
       # alpha_f: 0.02 (_DECAY). Decay-Eng's 110 languages at exponent 0.3 (_PAPER).
       dict(name='decay', tokens=100_000_000_000, overrides=dict(
