@@ -1,0 +1,202 @@
+"""ModernBERT-base's pretraining (Warner et al., 2024) as one run in three phases.
+
+Published (`--config=configs/recipes/modernbert.py`), from the three yamls of
+AnswerDotAI/ModernBERT yamls/modernbert/ (branch pretraining_documentation):
+
+  phase     tokens   T      masking  learning rate                 batch (rows)
+  pretrain  1.719T   1,024  30%      3B-token warm-up, 8e-4 held   96 -> 4,608 over 50B tokens
+  context   250B     8,192  30%      3e-4 held                     576
+  decay     50B      8,192  30%      1-sqrt from 3e-4 to 0.001 x   576
+
+StableAdamW (betas 0.9, 0.98, eps 1e-6) throughout, its moments carried over
+both boundaries; the global layers' rotary base goes from 10,000 to 160,000
+at the context phase. Point config.data.corpus at your corpus (ModernBERT's
+2T-token mixture is not public). The phases are the yamls' three runs; the
+yamls chain them with load_path + reset_time + restart_override, which keeps
+the optimizer's moments and restarts the schedule: here, one run in phases.
+
+Tiny (`:tiny`): the same three phases on the built-in corpus with
+configs/tiny.py's model, 128 -> 256 tokens, 30% -> 15% masking in the decay
+phase, the batch warmed up from 8 to 16 rows: 4.0M tokens
+(pretrain 2.0M at T=128, context 1.2M and decay 0.8M at T=256).
+Smoke (`:smoke`): the tiny phases at 3 steps each, for tests.
+What differs from the original and why: docs/recipes.md.
+"""
+
+import ml_collections
+
+from configs import modern_base
+from configs import tiny
+from configs.recipes import common
+from mlm_jax import phases
+
+# The three yamls of the recipe (AnswerDotAI/ModernBERT, branch pretraining_documentation).
+_PRETRAIN = 'yamls/modernbert/modernbert-base-pretrain.yaml'
+_CONTEXT = 'yamls/modernbert/modernbert-base-context-extension.yaml'
+_DECAY = 'yamls/modernbert/modernbert-base-learning-rate-decay.yaml'
+
+
+def get_config(arg: str = '') -> ml_collections.ConfigDict:
+  """arg '' : the published recipe; 'tiny': its phases on a 2-core CPU; 'smoke': tiny, cut."""
+  if arg == '':
+    return _published()
+  if arg == 'tiny':
+    return _tiny()
+  if arg == 'smoke':
+    return common.smoke(_tiny())
+  raise ValueError(f"configs/recipes/modernbert.py takes '', 'tiny' or 'smoke', not {arg!r}: "
+                   'e.g. --config=configs/recipes/modernbert.py:tiny')
+
+
+def _published() -> ml_collections.ConfigDict:
+  # ModernBERT-base's shape (L=22, d=768, 12 heads, GeGLU 1152, local window 128, a global
+  # layer every 3, LayerNorm eps 1e-5, vocab 50,368): model_config of _PRETRAIN.
+  config = modern_base.get_config()
+  # seed: 17 (_PRETRAIN).
+  config.seed = 17
+  # Your corpus (text files, parquet, a datasets dir): ModernBERT's 2T-token mixture of web,
+  # code and scientific text is not published as files; set --config.data.corpus=...
+  config.data.corpus = ''
+  # max_seq_len: 1024 (_PRETRAIN).
+  config.data.seq_len = 1024
+  # tokenizer_name: answerdotai/ModernBERT-base (_PRETRAIN), a byte-level BPE (OLMo's, 50,280
+  # tokens padded to 50,368). To use it, set config.tokenizer.model_file to its tokenizer.json;
+  # left empty, a byte-level BPE of the same size is trained on your corpus.
+  config.tokenizer.kind = 'bpe'
+  # mlm_probability: 0.3 (_PRETRAIN; "FlexBERT should use 30% masking").
+  config.masking.select_rate = 0.3
+  # P for 30% of a 1,024-token row: round(0.3 x 1,022).
+  config.masking.max_predictions = common.max_predictions(0.3, 1024)
+  # src/sequence_packer.py (mlm_mask_sequence): of the selected tokens 80% [MASK], 10% a random
+  # id drawn uniformly from [0, max id of the batch], 10% kept.
+  config.masking.mask_prob = 0.8
+  config.masking.random_prob = 0.1
+  config.masking.random_source = 'uniform'
+  # embed_dropout_prob 0.0, mlp_dropout_prob 0.0, attention_probs_dropout_prob 0.0 (_PRETRAIN).
+  # Its attn_out_dropout_prob 0.1 (dropout on the attention output only) has no field here:
+  # 0, as the published answerdotai/ModernBERT-base config.json (attention_dropout 0.0).
+  config.model.dropout_rate = 0.0
+  config.model.attention_dropout_rate = 0.0
+  # rotary_emb_base: 10000.0 for every layer in pretraining (_PRETRAIN; no local base given).
+  config.model.global_rope_theta = 10_000.0
+  config.model.local_rope_theta = 10_000.0
+  # Rows of max_seq_len in this phase (rotary positions: no table, the context phase raises it).
+  config.model.max_position_embeddings = 1024
+  # optimizer: decoupled_stableadamw (_PRETRAIN; main.py builds optimi's StableAdamW).
+  config.train.optimizer = 'stable_adamw'
+  # lr: 8e-4, betas [0.9, 0.98], eps 1.0e-06 (_PRETRAIN).
+  config.train.learning_rate = 8e-4
+  config.train.adam_b1 = 0.9
+  config.train.adam_b2 = 0.98
+  config.train.adam_eps = 1e-6
+  # weight_decay: 1.0e-5, fully decoupled (main.py: decouple_lr=True: each step multiplies the
+  # weights by 1 - 1e-5 x lr/peak lr). Ours is scaled by the learning rate (optax), so the same
+  # decay is 1e-5 / 8e-4. Biases and norms are not decayed (filter_bias_norm_wd: true).
+  config.train.weight_decay = 1e-5 / 8e-4
+  # No gradient clipping in the yamls (no algorithms section): StableAdamW's per-tensor update
+  # clipping takes its place.
+  config.train.grad_clip_norm = 0.0
+  # global_train_batch_size: 4608 (_PRETRAIN).
+  config.train.batch_size = 4608
+  # device_train_microbatch_size: 96 (_PRETRAIN): 4,608 / 96 = 48 micro-batches.
+  config.train.grad_accum_steps = 48
+  # batch_size_warmup_min_size: 96 (${device_train_microbatch_size}) and
+  # batch_size_warmup_tokens: 50_000_000_000tok (_PRETRAIN). The shape differs: ModernBERT's
+  # packer (src/sequence_packer.py BatchSizeWarmupScheduler) spends steps in proportion to
+  # each micro-batch count; ours raises the batch linearly in tokens, a micro-batch at a time.
+  config.train.batch_warmup_start = 96
+  config.train.batch_warmup_tokens = 50_000_000_000
+  # global_eval_batch_size: 1024 is 8 GPUs x device_eval_batch_size 128 (_PRETRAIN); our
+  # evaluation has no micro-batches, so 128 rows per evaluation step (any device count divides
+  # it). The yamls evaluate at 15% masking, ours at the phase's select_rate.
+  config.eval.batch_size = 128
+  # eval_interval: 4000ba, save_interval: 4000ba, console_log_interval: 100ba (_PRETRAIN).
+  config.train.eval_every = 4000
+  config.train.checkpoint_every = 4000
+  config.train.log_every = 100
+  # save_num_checkpoints_to_keep: -1 keeps all of them; we keep the last 3 (the default).
+  # scheduler warmup_stable_decay with t_decay: 0tok and alpha_f 0.0 (_PRETRAIN): a warm-up,
+  # then the peak to the end of the phase ('constant'); t_warmup: 3_000_000_000tok, set below
+  # as the steps that reach 3B tokens under the batch warm-up.
+  config.train.warmup_steps = 0
+  config.phases = (
+      # max_duration: 1_719_000_000_000tok (_PRETRAIN).
+      dict(name='pretrain', tokens=1_719_000_000_000,
+           overrides=dict(train=dict(schedule='constant'))),
+      # max_duration: 250_000_000_000tok (_CONTEXT). The optimizer's moments carry over (load_path
+      # with restart_override: the hyperparameters and schedule restart, the state does not).
+      dict(name='context', tokens=250_000_000_000, overrides=dict(
+          # max_seq_len: 8192 (_CONTEXT).
+          data=dict(seq_len=8192),
+          # rotary_emb_base: 160000.0 (global layers), local_attn_rotary_emb_base: 10000.0.
+          model=dict(max_position_embeddings=8192, global_rope_theta=160_000.0,
+                     local_rope_theta=10_000.0),
+          # mlm_probability: 0.3 (_CONTEXT); P for 30% of 8,192 tokens.
+          masking=dict(max_predictions=common.max_predictions(0.3, 8192)),
+          # global_train_batch_size: 576, device_train_microbatch_size: 12 (48 micro-batches),
+          # lr: 3e-4, scheduler constant_with_warmup with t_warmup: 0tok (_CONTEXT); the
+          # decoupled weight decay 1e-5 against the new peak 3e-4 (restart_override resets it).
+          train=dict(batch_size=576, learning_rate=3e-4, warmup_steps=0, schedule='constant',
+                     weight_decay=1e-5 / 3e-4),
+          # 1,024 x 1,024 evaluation tokens per step at 8,192: 16 rows.
+          eval=dict(batch_size=16))),
+      # max_duration: 50_000_000_000tok (_DECAY): scheduler one_minus_sqrt over t_decay:
+      # ${max_duration} to alpha_f: 0.001 of lr: 3e-4; eval and save intervals 1000ba.
+      dict(name='decay', tokens=50_000_000_000, overrides=dict(
+          train=dict(schedule='decay', decay_shape='1-sqrt', final_lr_ratio=0.001,
+                     eval_every=1000, checkpoint_every=1000))),
+  )
+  config.train.warmup_steps = _steps_to(config, 3_000_000_000)
+  return config
+
+
+def _steps_to(config: ml_collections.ConfigDict, tokens: int) -> int:
+  """The steps from the run's start until `tokens` tokens, the batch warm-up included."""
+  return phases.Plan(config).steps_for_tokens(0, tokens)
+
+
+def _tiny() -> ml_collections.ConfigDict:
+  # configs/tiny.py: its model (L=4, d=128, GeGLU 344, 4 heads), tokenizer (1,000 pieces,
+  # trained on the built-in corpus), peak rate 2e-3, 100 warm-up steps, Adam beta2 0.98.
+  config = tiny.get_config()
+  # As the published recipe: 30% masking at the first length, StableAdamW, no global-norm
+  # clipping, every layer at rotary base 10,000 until the context phase, random replacements
+  # drawn uniformly.
+  config.masking.select_rate = 0.3
+  config.masking.max_predictions = common.max_predictions(0.3, 128)
+  config.masking.random_source = 'uniform'
+  config.model.global_rope_theta = 10_000.0
+  config.model.local_rope_theta = 10_000.0
+  config.train.optimizer = 'stable_adamw'
+  config.train.grad_clip_norm = 0.0
+  # The batch warms up from 8 rows to 16 (tiny.py's) over the first 0.3M tokens, a micro-batch
+  # of 8 at a time (ModernBERT: 96 -> 4,608 over 50B tokens, micro-batches of 96).
+  config.train.batch_size = 16
+  config.train.grad_accum_steps = 2
+  config.train.batch_warmup_start = 8
+  config.train.batch_warmup_tokens = 300_000
+  # About 1,600 steps in all: an evaluation every 250 steps and at each phase's end.
+  config.train.log_every = 50
+  config.train.eval_every = 250
+  config.train.checkpoint_every = 250
+  config.phases = (
+      dict(name='pretrain', tokens=2_000_000,
+           overrides=dict(train=dict(schedule='constant'))),
+      # Rows twice as long; the global layers' rotary base 160,000 and the peak rate falling
+      # by 3/8 (ModernBERT's 8e-4 -> 3e-4; here 2e-3 -> 7.5e-4). ModernBERT also cuts the rows
+      # per step (4,608 -> 576, the same tokens per step); here the batch stays 16 rows:
+      # every phase's batch must stay above the warm-up's start of 8 (mlm_jax checks each
+      # phase against it).
+      dict(name='context', tokens=1_200_000, overrides=dict(
+          data=dict(seq_len=256),
+          model=dict(max_position_embeddings=256, global_rope_theta=160_000.0),
+          masking=dict(max_predictions=common.max_predictions(0.3, 256)),
+          train=dict(learning_rate=7.5e-4, warmup_steps=0, schedule='constant'),
+          eval=dict(batch_size=32))),
+      # ModernBERT keeps 30% here; the tiny recipe drops to 15% (as Ettin's and mmBERT's last
+      # phases do) so that a short run exercises a change of masking rate too.
+      dict(name='decay', tokens=800_000, overrides=dict(
+          masking=dict(select_rate=0.15),
+          train=dict(schedule='decay', decay_shape='1-sqrt', final_lr_ratio=0.001))),
+  )
+  return config
