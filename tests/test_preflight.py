@@ -190,6 +190,17 @@ def test_modern_at_length_compiles_to_cudnn_and_blocked_kernels_on_a_gpu(tmp_pat
   assert abs(r['train']['flops'] / r['model_flops_per_device'] - 1) < 0.2
 
 
+@pytest.mark.slow
+def test_a_run_in_phases_is_compiled_phase_by_phase(tmp_path):
+  # The tiny ModernBERT recipe cut short: T=128 with a growing batch, then T=256 twice.
+  code, output, r = _preflight('--config=configs/recipes/modernbert.py:smoke', '--target=h100',
+                               tmp_path=tmp_path)
+  assert code == 0, output[-3000:]
+  assert [p['phase'] for p in r['phases']] == ['pretrain', 'context', 'decay'] and r['ok']
+  assert [p['model']['seq_len'] for p in r['phases']] == [128, 256, 256]
+  assert "Phase 2/3 'context':" in output and '3 of 3 phases fit on h100.' in output
+
+
 def test_asking_for_cudnn_with_attention_dropout_is_refused(tmp_path):
   code, output, _ = _preflight('--config=configs/base.py', '--target=h100x8',
                                '--config.model.attention=cudnn',
