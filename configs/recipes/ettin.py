@@ -67,8 +67,8 @@ def _published() -> ml_collections.ConfigDict:
   config.tokenizer.kind = 'bpe'
   # mlm_probability: 0.3 (_PRETRAIN).
   config.masking.select_rate = 0.3
-  # P for 30% of a 1,024-token row: round(0.3 x 1,022).
-  config.masking.max_predictions = common.max_predictions(0.3, 1024)
+  # P for 30% of a 1,024-token row: round(0.3 x 1,022) = 307, up to a multiple of 8 (common.py).
+  config.masking.max_predictions = common.max_predictions(0.3, 1024, 8)
   # sequence_packing: false, so the bert24 text loader masks (transformers'
   # DataCollatorForLanguageModeling): 80% [MASK], 10% a random id drawn uniformly, 10% kept.
   config.masking.mask_prob = 0.8
@@ -134,7 +134,7 @@ def _published() -> ml_collections.ConfigDict:
       dict(name='context', tokens=250_000_000_000, overrides=dict(
           data=long_rows, model=long_model,
           # mlm_probability: 0.3 (_CONTEXT); P for 30% of 7,999 tokens.
-          masking=dict(max_predictions=common.max_predictions(0.3, 7999)),
+          masking=dict(max_predictions=common.max_predictions(0.3, 7999, 8)),
           # global_train_batch_size: 4608 (_CONTEXT). device_train_microbatch_size is 16 there;
           # here micro-batches of 12 rows (384 of them), the largest that divides the warm-up's
           # start of 72 (mlm_jax checks each phase's micro-batch against it) and fits 4 chips.
@@ -148,7 +148,7 @@ def _published() -> ml_collections.ConfigDict:
       # 1e-5 against the new peak.
       dict(name='decay', tokens=50_000_000_000, overrides=dict(
           # mlm_probability: 0.15 (_DECAY); P for 15% of 7,999 tokens.
-          masking=dict(select_rate=0.15, max_predictions=common.max_predictions(0.15, 7999)),
+          masking=dict(select_rate=0.15, max_predictions=common.max_predictions(0.15, 7999, 8)),
           train=dict(learning_rate=4e-4, final_lr_ratio=0.04, weight_decay=1e-5 / 4e-4),
           # device_eval_batch_size: 12 (_DECAY).
           eval=dict(batch_size=12))),

@@ -96,8 +96,8 @@ def _published(root: str) -> ml_collections.ConfigDict:
   config.data.temperature = 1 / 0.7
   # 30% masking (_PAPER; _PRETRAIN has mlm_probability: 0.25, the paper and the issue 30%).
   config.masking.select_rate = 0.3
-  # P for 30% of a 1,024-token row: round(0.3 x 1,022).
-  config.masking.max_predictions = common.max_predictions(0.3, 1024)
+  # P for 30% of a 1,024-token row: round(0.3 x 1,022) = 307, up to a multiple of 8 (common.py).
+  config.masking.max_predictions = common.max_predictions(0.3, 1024, 8)
   # sequence_packing: true (_PRETRAIN): ModernBERT's packer masks 80% [MASK], 10% a random id
   # drawn uniformly, 10% kept (src/sequence_packer.py of AnswerDotAI/ModernBERT).
   config.masking.mask_prob = 0.8
@@ -163,7 +163,7 @@ def _published(root: str) -> ml_collections.ConfigDict:
                     temperature=1 / 0.5),
           model=long_model,
           # mlm_probability: 0.15 (_EXT); P for 15% of 8,192 tokens.
-          masking=dict(select_rate=0.15, max_predictions=common.max_predictions(0.15, 8192)),
+          masking=dict(select_rate=0.15, max_predictions=common.max_predictions(0.15, 8192, 8)),
           train=dict(schedule='constant', warmup_steps=0, grad_accum_steps=576),
           # About the tokens of 36 rows of 1,024 per evaluation step: 4 rows of 8,192 (the
           # logits at P slots over 256,000 pieces grow with the rows).
@@ -174,7 +174,7 @@ def _published(root: str) -> ml_collections.ConfigDict:
           data=dict(sources=language_sources(root, 'decay', EXT_LANGUAGES),
                     temperature=1 / 0.3),
           # mlm_probability: 0.05 (_DECAY); P for 5% of 8,192 tokens.
-          masking=dict(select_rate=0.05, max_predictions=common.max_predictions(0.05, 8192)),
+          masking=dict(select_rate=0.05, max_predictions=common.max_predictions(0.05, 8192, 8)),
           train=dict(schedule='decay', decay_shape='1-sqrt', final_lr_ratio=0.02))),
   )
   # t_warmup: 3000000000tok (_PRETRAIN): the steps that reach 3B tokens under the batch warm-up.

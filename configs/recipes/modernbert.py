@@ -65,8 +65,8 @@ def _published() -> ml_collections.ConfigDict:
   config.tokenizer.kind = 'bpe'
   # mlm_probability: 0.3 (_PRETRAIN; "FlexBERT should use 30% masking").
   config.masking.select_rate = 0.3
-  # P for 30% of a 1,024-token row: round(0.3 x 1,022).
-  config.masking.max_predictions = common.max_predictions(0.3, 1024)
+  # P for 30% of a 1,024-token row: round(0.3 x 1,022) = 307, up to a multiple of 8 (common.py).
+  config.masking.max_predictions = common.max_predictions(0.3, 1024, 8)
   # src/sequence_packer.py (mlm_mask_sequence): of the selected tokens 80% [MASK], 10% a random
   # id drawn uniformly from [0, max id of the batch], 10% kept.
   config.masking.mask_prob = 0.8
@@ -98,8 +98,10 @@ def _published() -> ml_collections.ConfigDict:
   config.train.grad_clip_norm = 0.0
   # global_train_batch_size: 4608 (_PRETRAIN).
   config.train.batch_size = 4608
-  # device_train_microbatch_size: 96 (_PRETRAIN): 4,608 / 96 = 48 micro-batches.
-  config.train.grad_accum_steps = 48
+  # device_train_microbatch_size: 96 (_PRETRAIN), per GPU. Here micro-batches of 48 rows (96
+  # of them): 96 rows of 1,024 tokens took 58 GiB on one H100 in the pre-flight, over its
+  # budget; 48 fit one H100, and 12 per chip a v5p-8.
+  config.train.grad_accum_steps = 96
   # batch_size_warmup_min_size: 96 (${device_train_microbatch_size}) and
   # batch_size_warmup_tokens: 50_000_000_000tok (_PRETRAIN). The shape differs: ModernBERT's
   # packer (src/sequence_packer.py BatchSizeWarmupScheduler) spends steps in proportion to
@@ -132,12 +134,14 @@ def _published() -> ml_collections.ConfigDict:
           model=dict(max_position_embeddings=8192, global_rope_theta=160_000.0,
                      local_rope_theta=10_000.0),
           # mlm_probability: 0.3 (_CONTEXT); P for 30% of 8,192 tokens.
-          masking=dict(max_predictions=common.max_predictions(0.3, 8192)),
-          # global_train_batch_size: 576, device_train_microbatch_size: 12 (48 micro-batches),
-          # lr: 3e-4, scheduler constant_with_warmup with t_warmup: 0tok (_CONTEXT); the
-          # decoupled weight decay 1e-5 against the new peak 3e-4 (restart_override resets it).
-          train=dict(batch_size=576, learning_rate=3e-4, warmup_steps=0, schedule='constant',
-                     weight_decay=1e-5 / 3e-4),
+          masking=dict(max_predictions=common.max_predictions(0.3, 8192, 8)),
+          # global_train_batch_size: 576, lr: 3e-4, scheduler constant_with_warmup with
+          # t_warmup: 0tok (_CONTEXT); the decoupled weight decay 1e-5 against the new peak 3e-4
+          # (restart_override resets it). device_train_microbatch_size: 12 per GPU there; here
+          # micro-batches of 8 rows (72 of them), as many tokens as 64 rows of 1,024 (2 rows
+          # per chip on a v5p-8).
+          train=dict(batch_size=576, grad_accum_steps=72, learning_rate=3e-4, warmup_steps=0,
+                     schedule='constant', weight_decay=1e-5 / 3e-4),
           # 1,024 x 1,024 evaluation tokens per step at 8,192: 16 rows.
           eval=dict(batch_size=16))),
       # max_duration: 50_000_000_000tok (_DECAY): scheduler one_minus_sqrt over t_decay:

@@ -84,7 +84,7 @@ def _published() -> ml_collections.ConfigDict:
   config.tokenizer.lowercase = False
   # Rows of at most T = 512 tokens (_PAPER section 3.1, FULL-SENTENCES).
   config.data.seq_len = 512
-  config.masking.max_predictions = common.max_predictions(0.15, 512)
+  config.masking.max_predictions = common.max_predictions(0.15, 512, 8)
   # Batch size 8k, max steps 500k, peak learning rate 6e-4, warm-up steps 24k (_TABLE9).
   config.train.batch_size = 8192
   config.train.num_steps = 500_000
