@@ -136,8 +136,7 @@ def _published() -> ml_collections.ConfigDict:
           # mlm_probability: 0.3 (_CONTEXT); P for 30% of 7,999 tokens.
           masking=dict(max_predictions=common.max_predictions(0.3, 7999, 8)),
           # global_train_batch_size: 4608 (_CONTEXT). device_train_microbatch_size is 16 there;
-          # here micro-batches of 12 rows (384 of them), the largest that divides the warm-up's
-          # start of 72 (mlm_jax checks each phase's micro-batch against it) and fits 4 chips.
+          # here micro-batches of 12 rows (384 of them), which split over 4 chips.
           train=dict(schedule='decay', decay_shape='1-sqrt', final_lr_ratio=0.5,
                      warmup_steps=0, grad_accum_steps=384),
           # device_eval_batch_size: 16 (_CONTEXT).

@@ -188,9 +188,8 @@ def _tiny() -> ml_collections.ConfigDict:
            overrides=dict(train=dict(schedule='constant'))),
       # Rows twice as long; the global layers' rotary base 160,000 and the peak rate falling
       # by 3/8 (ModernBERT's 8e-4 -> 3e-4; here 2e-3 -> 7.5e-4). ModernBERT also cuts the rows
-      # per step (4,608 -> 576, the same tokens per step); here the batch stays 16 rows:
-      # every phase's batch must stay above the warm-up's start of 8 (mlm_jax checks each
-      # phase against it).
+      # per step (4,608 -> 576, the same tokens per step); here the batch stays 16 rows, twice
+      # the tokens per step.
       dict(name='context', tokens=1_200_000, overrides=dict(
           data=dict(seq_len=256),
           model=dict(max_position_embeddings=256, global_rope_theta=160_000.0),
