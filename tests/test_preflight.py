@@ -452,3 +452,15 @@ def test_when_the_small_compiles_do_not_fit_the_search_goes_down_to_one_row():
   check, compiled = _fake_check(lambda rows: 14 * 2**30 + rows * 40 * 2**20)
   search = check.largest_batch({'train.batch_size': 4096})
   assert compiled[:2] == [16, 1] and search.best.per_device_batch in (9, 10), compiled
+
+
+def test_a_compiler_failure_is_one_line_naming_the_step_and_a_known_fix():
+  from mlm_jax.perf import preflight
+  message = ("INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot.1098 = "
+             'bf16[29472,768]{1,0} dot(...)\n\tSymbolic tile with\n')
+  line = preflight._compiler_failure(message, 'train', 'h100', 307)  # pylint: disable=protected-access
+  assert '\n' not in line
+  assert line.startswith("the compiler for h100 failed on the train step: INTERNAL: Couldn't "
+                         'find output tile sizes')
+  assert ('config.masking.max_predictions=307 has no tiling there: round it up to a multiple '
+          'of 8 (312') in line

@@ -180,7 +180,8 @@ class Preflight:
       # The TPU compiler refuses a program that cannot fit, saying how much it needs.
       temporaries = _refused_temporaries(str(e))
       if temporaries is None:
-        raise
+        raise PreflightError(_compiler_failure(str(e), step, self.target.name,
+                                               config.masking.max_predictions)) from None
       figures.memory = _memory(None, built.abstract_state, batch, temporaries)
       figures.compile_error = str(e).splitlines()[0][:300]
     else:
@@ -585,6 +586,18 @@ def _accumulation_for(global_batch: int, num_devices: int, micro_rows: int) -> i
 def _shard_bytes(x) -> int:
   shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
   return math.prod(shape) * x.dtype.itemsize
+
+
+def _compiler_failure(message: str, step: str, target: str, max_predictions: int) -> str:
+  """One line for a compiler that failed on a step for another reason than memory."""
+  first = message.strip().splitlines()[0][:300]
+  hint = ''
+  if 'tile sizes' in message and max_predictions % 8:
+    # XLA's GPU compiler tiles the last block's matmuls over batch x P rows in tiles that
+    # must divide P (seen with P=307: 30% of a 1,024-token row).
+    hint = (f'; config.masking.max_predictions={max_predictions} has no tiling there: round '
+            f'it up to a multiple of 8 ({-(-max_predictions // 8) * 8}; padded slots weigh 0)')
+  return f'the compiler for {target} failed on the {step} step: {first}{hint}'
 
 
 def _refused_temporaries(message: str) -> int | None:
