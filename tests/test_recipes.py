@@ -1,6 +1,7 @@
 """configs/recipes/: every recipe validates on 1 and 4 devices, its published phases are the ones
 docs/recipes.md states, and the tiny ModernBERT recipe covers what the CPU run must show
-(lengths, masking rates and a batch that change). No training here."""
+(lengths, masking rates and a batch that change); the smoke variants train through every
+phase."""
 
 import importlib
 import re
@@ -163,3 +164,25 @@ def test_modernbert_tiny_changes_length_and_masking_rate_and_warms_up_its_batch(
   assert plan.phases[-1].config.train.decay_shape == '1-sqrt'
   # About 4M tokens, as its docstring states: a few minutes on two cores.
   assert 3.5e6 <= plan.tokens_before(plan.num_steps) <= 4.5e6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', RECIPES)
+def test_every_phase_of_every_recipe_trains_on_a_cpu(name, tmp_path):
+  """The smoke variants (the tiny phases cut to a few steps) train through every boundary."""
+  import json
+  import os
+
+  from tests.conftest import run_training
+  config = _config(name, 'smoke')
+  plan = phases.Plan(config)
+  summary = run_training(config, str(tmp_path / name))
+  assert summary['step'] == plan.num_steps
+  with open(os.path.join(tmp_path, name, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  trained = [r for r in records if 'loss' in r]
+  if plan.phased:  # RoBERTa's recipe is one run.
+    assert [r['phase'] for r in trained] == [plan.phase_at(r['step'] - 1).name for r in trained]
+    assert {r['phase'] for r in trained} == {p.name for p in plan.phases}
+  assert all(np.isfinite(r['loss']) for r in trained)
+  assert any('eval_mask_accuracy' in r for r in records)
