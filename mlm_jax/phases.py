@@ -156,7 +156,11 @@ class Plan:
       self._levels.extend(levels)
       step, previous = step_end, phase_config
     self.num_steps = step
-    self._starts = np.array([lv.start for lv in self._levels], np.int64)
+    # Per level: its first step, rows per step, rows and tokens before it, tokens per step.
+    self._starts, self._batch, self._rows0, self._tokens0, self._per_step = (
+        np.array(column, np.int64) for column in zip(*(
+            (lv.start, lv.batch, lv.rows_before, lv.tokens_before, lv.batch * lv.seq_len)
+            for lv in self._levels)))
     for phase in self.phases:
       _check_phase_schedules(phase, self)
 
@@ -173,27 +177,19 @@ class Plan:
 
   def batch_size(self, steps: int | np.ndarray) -> np.ndarray:
     """The global batch (real rows) of each step."""
-    levels = self._level(np.minimum(steps, self.num_steps - 1))
-    return np.array([lv.batch for lv in self._levels], np.int64)[levels]
+    return self._batch[self._level(np.minimum(steps, self.num_steps - 1))]
 
   def rows_before(self, steps: int | np.ndarray) -> np.ndarray:
     """Rows of the stream that the steps before each step drew."""
     steps = np.asarray(steps, np.int64)
     levels = self._level(np.minimum(steps, self.num_steps))
-    table = self._levels
-    base = np.array([lv.rows_before for lv in table], np.int64)[levels]
-    start = self._starts[levels]
-    batch = np.array([lv.batch for lv in table], np.int64)[levels]
-    return base + (steps - start) * batch
+    return self._rows0[levels] + (steps - self._starts[levels]) * self._batch[levels]
 
   def tokens_before(self, steps: int | np.ndarray) -> np.ndarray:
     """Nominal tokens (rows x T) of the steps before each step."""
     steps = np.asarray(steps, np.int64)
     levels = self._level(np.minimum(steps, self.num_steps))
-    table = self._levels
-    base = np.array([lv.tokens_before for lv in table], np.int64)[levels]
-    per_step = np.array([lv.batch * lv.seq_len for lv in table], np.int64)[levels]
-    return base + (steps - self._starts[levels]) * per_step
+    return self._tokens0[levels] + (steps - self._starts[levels]) * self._per_step[levels]
 
   def steps_for_tokens(self, start_step: int, tokens: int) -> int:
     """Steps from `start_step` until at least `tokens` more nominal tokens have been seen."""
@@ -226,12 +222,10 @@ class Plan:
     """The masking (selection) rate of each step: its phase's config.masking schedule."""
     steps = np.atleast_1d(np.asarray(steps, np.int64))
     out = np.empty(len(steps), np.float64)
-    for phase in self.phases:
-      here = (steps >= phase.start_step) & ((steps < phase.end_step) | (phase is self.phases[-1]))
-      if here.any():
-        schedule = self.rate_schedule(phase)
-        out[here] = (phase.config.masking.select_rate if schedule is None
-                     else schedule.rate_at(steps[here]))
+    for i, step in enumerate(steps):
+      phase = self.phase_at(int(step))
+      schedule = self.rate_schedule(phase)
+      out[i] = phase.config.masking.select_rate if schedule is None else schedule.rate_at(step)
     return out
 
   def rate_schedule(self, phase: Phase) -> masking.RateSchedule | None:

@@ -308,7 +308,7 @@ def test_a_mixture_trains_in_its_ratio_resumes_exactly_and_reports_per_source(tm
   sets = [{row.tobytes() for row in data.source('train', k).read(
       np.arange(len(data.source('train', k))))} for k in (0, 1)]
   from mlm_jax.training import mixture_run
-  run = mixture_run.for_run(config, data, 0, {})
+  run = mixture_run.MixtureRun(config, data, 0, {})
   masker = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   kwargs = dict(global_batch=16, seed=config.seed, order=run.order)
   one = pipeline.train_batches(data.source('train'), masker, **kwargs)

@@ -5,23 +5,22 @@ Not a recipe itself: it has no get_config().
 """
 
 import copy
-import math
 
 import ml_collections
+
+from mlm_jax.data import masking
 
 
 def max_predictions(rate: float, seq_len: int, multiple: int = 1) -> int:
   """The static P that holds every selected slot of a full row at `rate`, rounded up to a
   multiple of `multiple`.
 
-  A row of seq_len tokens has seq_len - 2 maskable ones ([CLS], [SEP]); the
-  masker selects round(rate x (T - 2)) of them (mlm_jax/data/masking.py). The
+  A full row gets masking.full_row_slots(rate, seq_len) slots. The
   published recipes round P up to a multiple of 8: XLA's GPU compiler found
   no tiling for the head's [rows x P, d] matmuls at P = 307 (a prime), and the
   extra slots are padding that costs nothing in the loss.
   """
-  needed = int(math.floor(rate * (seq_len - 2) + 0.5))
-  return -(-needed // multiple) * multiple
+  return -(-masking.full_row_slots(rate, seq_len) // multiple) * multiple
 
 
 def smoke(config: ml_collections.ConfigDict, steps: int = 3) -> ml_collections.ConfigDict:

@@ -119,6 +119,12 @@ class RateSchedule:
                end_rate=float(masking_config.final_select_rate), kind=kind)
 
 
+def full_row_slots(rate: float, seq_len: int) -> int:
+  """The slots a full row of seq_len tokens gets at `rate`: round(rate x (seq_len - 2)), its
+  [CLS] and [SEP] never masked (num_selected's count, before the cap at P)."""
+  return int(np.floor(rate * (seq_len - 2) + 0.5))
+
+
 def max_rate(masking_config: ml_collections.ConfigDict) -> float:
   """The highest selection rate config.masking reaches: what the static P is sized for."""
   if masking_config.get('rate_schedule', 'constant') == 'constant':
@@ -445,8 +451,7 @@ def check_config(m: ml_collections.ConfigDict, seq_len: int) -> None:
   require(0.0 < m.final_select_rate <= 1.0,
           f'config.masking.final_select_rate={m.final_select_rate} must be in (0, 1] with '
           f'config.masking.rate_schedule={m.rate_schedule!r}.')
-  # A row of seq_len tokens has at most seq_len - 2 maskable ones ([CLS], [SEP]).
-  needed = int(np.floor(max_rate(m) * (seq_len - 2) + 0.5))
+  needed = full_row_slots(max_rate(m), seq_len)
   require(m.max_predictions >= needed,
           f'config.masking.max_predictions={m.max_predictions} (P) holds fewer than the {needed} '
           f'masked slots a full row gets at the schedule\'s highest rate {max_rate(m)}: set '

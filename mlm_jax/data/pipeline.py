@@ -158,19 +158,17 @@ def train_batches(source: Any, masker: masking.Masker, *, global_batch: int, see
   builder = BatchBuilder(RowReader(source, masker.specials.pad), masker, seed, sentence_pair)
   steps_per_chunk = max(1, chunk_rows // local)
 
-  def source_rows(rows: np.ndarray) -> np.ndarray:
-    return order(rows) if order is not None else stream_to_source(rows, len(source), seed)
+  if positions is None:
+    def positions(steps: np.ndarray) -> np.ndarray:
+      return steps[:, None] * global_batch + np.arange(global_batch)
 
   def build(c: int) -> dict[str, np.ndarray]:
     steps = start_step + c * steps_per_chunk + np.arange(steps_per_chunk)
-    if positions is None:
-      rows = (steps[:, None] * global_batch + process_index * local + np.arange(local)).ravel()
-      indices = source_rows(rows)
-    else:
-      rows = positions(steps)[:, process_index * local:(process_index + 1) * local].ravel()
-      real = rows >= 0
-      indices = np.full(rows.shape, -1, np.int64)
-      indices[real] = source_rows(rows[real])
+    rows = positions(steps)[:, process_index * local:(process_index + 1) * local].ravel()
+    real = rows >= 0
+    indices = np.full(rows.shape, -1, np.int64)
+    indices[real] = (order(rows[real]) if order is not None
+                     else stream_to_source(rows[real], len(source), seed))
     return builder(indices, step=np.repeat(steps, local), rows=rows)
 
   # ~1e12 rows: endless in practice.

@@ -45,6 +45,8 @@ class Built:
   chains: int         # config.train.concurrent_chains, resolved.
   attention: str      # The attention kernel of each kind of call in the train step, and why.
   init_state: Callable[[], state_lib.TrainState]  # A fresh state, made in its sharding.
+  # params -> a fresh optimizer state for them, in its sharding (a phase's fresh_optimizer).
+  fresh_opt_state: Callable[[Any], Any]
 
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
@@ -100,5 +102,6 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
                       in_shardings=(state_sh, batch_sh), out_shardings=repl)
   attention = model_lib.describe_attention(model_cfg, config.data.seq_len,
                                            config.masking.max_predictions + int(pairs))
+  fresh_opt_state = jax.jit(tx.init, out_shardings=state_sh.opt_state)
   return Built(model_cfg, abstract_state, train_step, eval_step, dropout_rng, chains, attention,
-               init)
+               init, fresh_opt_state)

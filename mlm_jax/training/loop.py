@@ -101,7 +101,7 @@ def _train_phase(config: ml_collections.ConfigDict, workdir: str, plan: phases.P
     checkpointer.close()
     return _PhaseEnd({}, stopped=False, finished=False)
   if phase.fresh_optimizer and start_step == phase.start_step:
-    state = state.replace(opt_state=built.init_state().opt_state)
+    state = state.replace(opt_state=built.fresh_opt_state(state.params))
     logging.info('Phase %r starts a fresh optimizer at step %d', phase.name, start_step)
   if plan.phased:
     logging.info('Phase %d/%d %r: steps %d..%d, %s', phase.index + 1, len(plan.phases),
@@ -113,10 +113,9 @@ def _train_phase(config: ml_collections.ConfigDict, workdir: str, plan: phases.P
   # ------------------------------------------------------------------ loop
   train, series = config.train, metrics.read_metrics(workdir)
   mixed = _mixture(config, data, plan, phase, start_step, series)  # None: one corpus.
-  positions = None
-  if plan.phased or train.batch_warmup_tokens:  # Else step s holds rows s*B .. s*B+B-1.
-    positions = functools.partial(plan.positions, capacity=train.batch_size,
-                                  micro_batches=train.grad_accum_steps)
+  # The stream rows of each step's batch (a growing batch pads the micro-batches it leaves).
+  positions = functools.partial(plan.positions, capacity=train.batch_size,
+                                micro_batches=train.grad_accum_steps)
   batches = pipeline.train_batches(
       data.source('train'), masker, global_batch=train.batch_size, seed=config.seed,
       start_step=start_step, process_index=jax.process_index(),
@@ -176,8 +175,6 @@ def _mixture(config: ml_collections.ConfigDict, data: prepared.PreparedData, pla
   that read the same rows, so that no source's stream starts over at a change of shares."""
   if data.num_parts == 1:
     return None
-  if not (plan.phased or config.train.batch_warmup_tokens):
-    return mixture_run.MixtureRun(config, data, start_step, series)
 
   def position_of(step: int) -> int:
     return int(plan.rows_before(step))

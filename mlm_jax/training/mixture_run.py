@@ -145,10 +145,3 @@ class MixtureRun:
       if interval.sum() > 0:
         out[f'share/{name}'] = float(interval[k] / interval.sum())
     return out
-
-
-def for_run(config: ml_collections.ConfigDict, data: prepared.PreparedData, start_step: int,
-            series: dict[str, dict[int, float]], **continued: Any) -> MixtureRun | None:
-  """The run's mixture, or None for one corpus; `continued`: MixtureRun's keywords."""
-  return (MixtureRun(config, data, start_step, series, **continued) if data.num_parts > 1
-          else None)

@@ -107,37 +107,32 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
 
     if grad_accum_steps == 1:
       grads, terms = grad_fn(state.params, batch, dropout_rng)
-    elif growing_batch:
-      micro_batches = split_rows(batch, grad_accum_steps)           # [k, B/k, ...]
-      # Micro-batches with a real row; the real ones come first (phases.Plan.positions).
-      used = jnp.sum(jnp.any(micro_batches['attention_mask'] > 0, axis=(1, 2)).astype(jnp.int32))
-
-      def add_micro(i, carry):
-        micro = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, i, 0, False),
-                                       micro_batches)
-        return jax.tree_util.tree_map(jnp.add, carry,
-                                      grad_fn(state.params, micro, jax.random.fold_in(dropout_rng, i)))
-
-      zero_terms = jax.tree_util.tree_map(
-          lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(lambda: grad_fn(
-              state.params, jax.tree_util.tree_map(lambda x: x[0], micro_batches),
-              dropout_rng)[1]))
-      zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params), zero_terms)
-      grads, terms = jax.lax.fori_loop(0, used, add_micro, zeros)
     else:
       k = grad_accum_steps
       micro_batches = split_rows(batch, k)                         # [k, B/k, ...]
 
-      def accumulate(carry, xs):
-        micro, i = xs
-        grads, terms = grad_fn(state.params, micro, jax.random.fold_in(dropout_rng, i))
-        return jax.tree_util.tree_map(jnp.add, carry, (grads, terms)), None
+      def micro_grads(micro: Batch, i):
+        return grad_fn(state.params, micro, jax.random.fold_in(dropout_rng, i))
 
       zero_terms = jax.tree_util.tree_map(
           jnp.zeros_like, jax.eval_shape(lambda: grad_fn(state.params, jax.tree_util.tree_map(
               lambda x: x[0], micro_batches), dropout_rng)[1]))
       zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params), zero_terms)
-      (grads, terms), _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(k)))
+      if growing_batch:
+        # Micro-batches with a real row; the real ones come first (phases.Plan.positions).
+        used = jnp.sum(jnp.any(micro_batches['attention_mask'] > 0, axis=(1, 2)).astype(jnp.int32))
+
+        def add_micro(i, carry):
+          micro = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, i, 0, False),
+                                         micro_batches)
+          return jax.tree_util.tree_map(jnp.add, carry, micro_grads(micro, i))
+
+        grads, terms = jax.lax.fori_loop(0, used, add_micro, zeros)
+      else:
+        def accumulate(carry, xs):
+          return jax.tree_util.tree_map(jnp.add, carry, micro_grads(*xs)), None
+
+        (grads, terms), _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(k)))
     new_state = state.apply_gradients(grads=grads)
     if ema_decay > 0:
       new_state = new_state.replace(ema_params=jax.tree_util.tree_map(

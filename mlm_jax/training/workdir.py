@@ -59,10 +59,15 @@ def resolved_config(config: ml_collections.ConfigDict,
 def record_plan(workdir: str, plan: list[dict[str, Any]]) -> None:
   """Writes WORKDIR/phases.json: a row per phase of a run in phases (phases.Plan.describe)."""
   os.makedirs(workdir, exist_ok=True)
-  tmp = os.path.join(workdir, 'phases.json.tmp')
+  _write_json(os.path.join(workdir, 'phases.json'), plan)
+
+
+def _write_json(path: str, value: Any) -> None:
+  """Writes `value` to `path` whole or not at all (a new file renamed over the old)."""
+  tmp = f'{path}.tmp'
   with open(tmp, 'w') as f:
-    json.dump(plan, f, indent=2)
-  os.replace(tmp, os.path.join(workdir, 'phases.json'))
+    json.dump(value, f, indent=2, default=str)
+  os.replace(tmp, path)
 
 
 def _recorded_tokenizer(workdir: str) -> str | None:
@@ -117,10 +122,7 @@ def record(workdir: str, resolved: dict[str, Any], tokenizer: tok_lib.Tokenizer)
     os.rename(tmp, hf_path)
     if os.path.exists(sp_path):
       os.remove(sp_path)
-  tmp = os.path.join(workdir, 'config.json.tmp')
-  with open(tmp, 'w') as f:
-    json.dump(resolved, f, indent=2, default=str)
-  os.replace(tmp, os.path.join(workdir, 'config.json'))
+  _write_json(os.path.join(workdir, 'config.json'), resolved)
 
 
 @dataclasses.dataclass(frozen=True)
