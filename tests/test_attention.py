@@ -130,9 +130,10 @@ def test_auto_picks_per_platform_and_says_why_it_hands_a_call_on():
   tpu = _cfg(platform='tpu', dtype=jnp.bfloat16)
   cpu = _cfg(platform='cpu')
   assert _choose(gpu) == ('cudnn', '') and _choose(gpu, rows=True, q_len=20)[0] == 'cudnn'
-  assert _choose(gpu, local=True) == ('blocked', '')
+  # Local layers and documents: the flash kernel (tests/test_flash_attention.py).
+  assert _choose(gpu, local=True) == ('flash', '')
   kernel, why = _choose(gpu, documents=True)
-  assert kernel == 'blocked' and 'not document ids' in why
+  assert kernel == 'flash' and 'not document ids' in why
   assert _choose(tpu) == ('splash', '') and _choose(tpu, local=True, documents=True)[0] == 'splash'
   # Short global rows without documents (BERT's) stay with XLA's fused attention.
   assert _choose(tpu, q_len=512, kv_len=512) == ('jax_xla', '')

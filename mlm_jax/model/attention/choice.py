@@ -7,6 +7,10 @@
              same dense mask
   'cudnn'    cuDNN's fused flash attention (cudnn.py; NVIDIA GPUs, 16-bit):
              row lengths; it takes no document ids and no two-sided window
+  'flash'    our Pallas flash attention (flash.py; NVIDIA GPUs, and CPUs in
+             Pallas's interpreter for tests): any description (a two-sided
+             window, documents, DropToken's positions, chosen rows), and
+             in a local layer only the key tiles of the band
   'splash'   Pallas splash attention (splash.py; TPUs): a static local or
              full mask and segment ids (documents, padding), under shard_map
   'blocked'  XLA in memory and time O(T·w) for a window w (blocked.py): each
@@ -17,7 +21,7 @@
   'auto'     the fastest that can train the config on the platform the step
              is compiled for (`requested`)
 
-A kernel that cannot take a call's mask (cuDNN and document ids, splash and
+A kernel that cannot take a call's mask (cuDNN and document ids or a window, splash and
 DropToken's positions, a row length that does not divide into splash's
 blocks) hands it to another, for a reason `choose` states; the builder logs
 every choice for the training shapes (`describe`). The choice depends on
@@ -34,17 +38,19 @@ import jax.numpy as jnp
 from absl import logging
 
 from mlm_jax.config_check import require
+from mlm_jax.model.attention.flash import FLASH_MAX_HEAD
 from mlm_jax.model.attention.splash import SPLASH_BLOCK
 
 if TYPE_CHECKING:  # model/config.py imports this module's names.
   from mlm_jax.model.config import ModelConfig
 
 # config.model.attention's values (model/config.py checks them).
-ATTENTIONS = ('auto', 'dense', 'jax_xla', 'cudnn', 'splash', 'blocked')
+ATTENTIONS = ('auto', 'dense', 'jax_xla', 'cudnn', 'flash', 'splash', 'blocked')
 # The kernels without dropout on the attention probabilities.
-NO_DROPOUT_ATTENTIONS = ('jax_xla', 'cudnn', 'splash')
-# The kernels that exist on one platform only.
-PLATFORM_ATTENTIONS = {'cudnn': 'gpu', 'splash': 'tpu'}
+NO_DROPOUT_ATTENTIONS = ('jax_xla', 'cudnn', 'flash', 'splash')
+# The kernels that exist on one platform only ('flash' also runs on CPUs, in
+# Pallas's interpreter: slowly, for tests).
+PLATFORM_ATTENTIONS = {'cudnn': 'gpu', 'splash': 'tpu', 'flash': 'gpu'}
 # Names runs were saved with before the kernels were renamed: a saved run's
 # config (or a fine-tuned model's record) is read with the new name
 # (`current_name`); a config given today is refused, naming the new one.
@@ -81,9 +87,10 @@ def requested(cfg: ModelConfig, local: bool) -> str:
 
   'auto': with attention dropout, ours in a global layer and 'blocked' in a
   local one (the two with dropout); else splash attention on TPUs (`choose`
-  keeps short global rows without documents on 'jax_xla'), cuDNN's
-  fused kernel in 16-bit on GPUs for global layers and 'blocked' for local
-  ones, and 'blocked' on CPUs, which `choose` turns into ours over a dense
+  keeps short global rows without documents on 'jax_xla'), in 16-bit on
+  GPUs cuDNN's fused kernel for global layers (`choose` hands what it cannot
+  take to 'flash') and our Pallas flash kernel for local ones, and 'blocked'
+  on CPUs, which `choose` turns into ours over a dense
   mask where the scores are small (under CHUNK_FROM per row and head: the
   quick start's rows) and into query chunks above (faster on a CPU from
   rows of 2,048 tokens, docs/long_context.md).
@@ -94,16 +101,16 @@ def requested(cfg: ModelConfig, local: bool) -> str:
     return 'blocked' if local else 'dense'
   if cfg.platform == 'tpu':
     return 'splash'
-  if (cfg.platform == 'gpu' and not local
-      and jnp.dtype(cfg.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))):
-    return 'cudnn'
+  if cfg.platform == 'gpu' and jnp.dtype(cfg.dtype).itemsize == 2:
+    return 'flash' if local else 'cudnn'
   return 'blocked' if local or cfg.platform == 'cpu' else 'dense'
 
 
 def check_platform(cfg: ModelConfig) -> None:
   """ConfigError when config.model.attention names a kernel the step's platform lacks."""
   platform = PLATFORM_ATTENTIONS.get(cfg.attention)
-  require(platform in (None, cfg.platform),
+  runs_on = (platform, 'cpu') if cfg.attention == 'flash' else (platform,)
+  require(platform is None or cfg.platform in runs_on,
           f'config.model.attention={cfg.attention!r} runs on {platform} only and this step is '
           f"compiled for {cfg.platform}: set it to 'auto' (or 'blocked', 'dense').")
   require(cfg.attention != 'cudnn' or jnp.dtype(cfg.dtype).itemsize == 2,
@@ -123,19 +130,25 @@ def choose(cfg: ModelConfig, *, local: bool, q_len: int, kv_len: int, rows: bool
   """
   kernel = requested(cfg, local)
   window = cfg.local_attention // 2 if local else None
+  why = ''
   if kernel == 'cudnn':
     if local:
+      why = "cuDNN's fused kernel has no two-sided window"
+    elif documents:
+      why = "jax.nn.dot_product_attention's cuDNN path takes row lengths, not document ids"
+    elif q_len % 2 or kv_len % 2:
+      why = (f"cuDNN's fused kernel trains on even lengths only ({q_len} queries, {kv_len} "
+             'keys)')
+    if not why:
+      return 'cudnn', ''
+    kernel = 'flash'
+  if kernel == 'flash':
+    head_size = cfg.hidden_size // cfg.num_heads
+    if head_size > FLASH_MAX_HEAD:
       return _blocked_or_dense(window, q_len, kv_len, rows, dropout,
-                               "cuDNN's fused kernel has no two-sided window")
-    if documents:
-      return _blocked_or_dense(window, q_len, kv_len, rows, dropout,
-                               "jax.nn.dot_product_attention's cuDNN path takes row lengths, "
-                               'not document ids')
-    if q_len % 2 or kv_len % 2:
-      return _blocked_or_dense(window, q_len, kv_len, rows, dropout,
-                               f"cuDNN's fused kernel trains on even lengths only ({q_len} "
-                               f'queries, {kv_len} keys)')
-    return 'cudnn', ''
+                               _join(why, f'the flash kernel takes heads of up to '
+                                     f'{FLASH_MAX_HEAD}, not {head_size}'))
+    return 'flash', why
   if kernel == 'splash':
     if cfg.attention == 'auto' and not local and not documents and kv_len < SPLASH_FROM:
       return 'jax_xla', ''
@@ -180,6 +193,7 @@ def _join(*reasons: str) -> str:
 NAMES = {'dense': 'ours, softmax over a dense mask',
          'jax_xla': "jax.nn.dot_product_attention(implementation='xla')",
          'cudnn': "cuDNN's fused flash attention, row lengths",
+         'flash': 'Pallas flash attention, segment ids and a band of tiles',
          'splash': 'Pallas splash attention, segment ids',
          'blocked': 'XLA, banded or in query chunks'}
 

@@ -12,6 +12,7 @@ from mlm_jax.model.attention.blocked import chunked_attention
 from mlm_jax.model.attention.choice import choose
 from mlm_jax.model.attention.cudnn import cudnn_attention
 from mlm_jax.model.attention.dense import softmax_attention
+from mlm_jax.model.attention.flash import flash_attention
 from mlm_jax.model.attention.jax_xla import jax_xla_attention
 from mlm_jax.model.attention.mask import Mask
 from mlm_jax.model.attention.splash import splash_attention
@@ -38,6 +39,8 @@ def attend(cfg: ModelConfig, q: Array, k: Array, v: Array, mask: Mask, determini
                      documents=mask.documents is not None, dropout=rate > 0)
   if kernel == 'cudnn':
     return cudnn_attention(q, k, v, mask)
+  if kernel == 'flash':  # On a CPU (tests) in Pallas's interpreter.
+    return flash_attention(q, k, v, mask, rows, interpret=cfg.platform == 'cpu')
   if kernel == 'splash':
     return splash_attention(q, k, v, mask)
   drop = (lambda w: w) if rate == 0.0 else (

@@ -81,6 +81,22 @@ class Mask:
     return self.valid.astype(jnp.int32)
 
 
+def tiled_keys(q_len: int, kv_len: int, window: int | None, block: int) -> float:
+  """Keys per query a tiled kernel computes: whole tiles of `block`, those outside the band skipped.
+
+  A query tile computes every key tile its window touches (the whole row
+  without a window); lengths are whole tiles.
+  """
+  if window is None:
+    return float(kv_len)
+  tiles = 0
+  for i in range(q_len // block):
+    first = max(0, i * block - window) // block
+    last = min(kv_len - 1, (i + 1) * block - 1 + window) // block
+    tiles += last - first + 1
+  return tiles * block * block / q_len
+
+
 def _take(x: Array, rows: Array) -> Array:
   """x [B or 1, T] at rows [B, Q] -> [B, Q]."""
   return jnp.take_along_axis(jnp.broadcast_to(x, (rows.shape[0], x.shape[1])), rows, axis=1)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from mlm_jax.model.attention.mask import Mask
-from mlm_jax.runtime import sharding
+from mlm_jax.model.attention.mask import tiled_keys
+from mlm_jax.model.attention.sharded import per_device
 
 Array = jax.Array
 
@@ -27,11 +27,9 @@ def splash_attention(q: Array, k: Array, v: Array, mask: Mask,
   """Pallas splash attention (TPUs): q, k, v [B, T, N, H] -> [B, T, N, H].
 
   A static LocalMask of mask.window each side (or a full mask) and segment
-  ids (mask.segments(): documents, padding apart). Traced on a mesh (the
-  step: sharding.traced_on) the kernel runs per device under shard_map, on
-  that device's rows (the mesh axes of the 'batch' rule; heads are not
-  split). `interpret` runs
-  the kernel in Pallas's interpreter (any platform; for tests).
+  ids (mask.segments(): documents, padding apart), per device on its rows
+  (sharded.per_device). `interpret` runs the kernel in Pallas's interpreter
+  (any platform; for tests).
   """
   from jax.experimental.pallas.ops.tpu import splash_attention as splash
   b, t, n, h = q.shape
@@ -52,28 +50,9 @@ def splash_attention(q: Array, k: Array, v: Array, mask: Mask,
                         heads_first(k), heads_first(v), segments)
     return jnp.swapaxes(out, 1, 2)
 
-  segments = mask.segments()
-  mesh = jax.sharding.get_abstract_mesh()
-  spec = nn.logical_to_mesh_axes(('batch',), sharding.LOGICAL_RULES)  # The batch's mesh axes.
-  # Unsplit where no sharding applies (one device, or the one-row batch that
-  # only traces the parameters' shapes).
-  if mesh.empty or b % mesh.size:
-    return run(q, k, v, segments)
-  return jax.shard_map(run, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec,
-                       check_vma=False)(q, k, v, segments)
+  return per_device(run, q, k, v, mask.segments())
 
 
 def splash_keys(q_len: int, kv_len: int, window: int | None) -> float:
-  """Keys per query that splash attention computes: whole tiles, the masked ones skipped.
-
-  A query tile of SPLASH_BLOCK rows computes every key tile its window
-  touches (the whole row without a window).
-  """
-  if window is None:
-    return float(kv_len)
-  tiles = 0
-  for i in range(q_len // SPLASH_BLOCK):
-    first = max(0, i * SPLASH_BLOCK - window) // SPLASH_BLOCK
-    last = min(kv_len - 1, (i + 1) * SPLASH_BLOCK - 1 + window) // SPLASH_BLOCK
-    tiles += last - first + 1
-  return tiles * SPLASH_BLOCK * SPLASH_BLOCK / q_len
+  """Keys per query that splash attention computes: whole tiles, the masked ones skipped."""
+  return tiled_keys(q_len, kv_len, window, SPLASH_BLOCK)

@@ -1,0 +1,140 @@
+"""The Pallas flash kernel ('flash', NVIDIA GPUs) in Pallas's interpreter: the same function as
+dense masked attention for every mask a model describes, its band of tiles, and 'auto' choosing
+it on GPUs wherever cuDNN's fused call cannot take the mask."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mlm_jax import model as model_lib
+from mlm_jax.config_check import ConfigError
+from mlm_jax.model import attention
+from mlm_jax.model.attention import flash
+from tests.test_attention import B
+from tests.test_attention import _assert_same_function
+from tests.test_attention import _cfg
+from tests.test_attention import _choose
+from tests.test_attention import _dense
+from tests.test_attention import _inputs
+from tests.test_attention import _modern_batch
+
+
+def _flash(mask, rows=None):
+  return lambda q, k, v: attention.flash_attention(q, k, v, mask, rows, interpret=True)
+
+
+@pytest.mark.parametrize('window, moved, documents', [
+    (20, True, True),     # The quick loop's: a local layer after DropToken, documents apart.
+    *(pytest.param(*case, marks=pytest.mark.slow) for case in (
+        (None, False, False), (None, False, True), (20, False, False), (20, False, True),
+        (20, True, False)))])
+def test_flash_kernel_is_dense_attention(window, moved, documents):
+  # Rows of 300 tokens (not whole tiles of 64), of 300, 171 and 5 real tokens, heads of 8
+  # (padded to Triton's 16): values and gradients as dense masked attention's.
+  qkv, valid, docs, positions = _inputs(4)
+  mask = attention.Mask(valid, positions if moved else None, docs if documents else None, window)
+  _assert_same_function(_flash(mask), _dense(mask), qkv, valid)
+
+
+@pytest.mark.parametrize('window', [pytest.param(None, marks=pytest.mark.slow), 20])
+def test_flash_kernel_at_chosen_rows_is_dense_attention(window):
+  # The last block's queries: the masked slots' rows (37, not whole tiles; real tokens, the
+  # unused slots' row 0 repeated), documents apart.
+  qkv, valid, docs, positions = _inputs(5)
+  mask = attention.Mask(valid, positions if window else None, docs, window)
+  rng = np.random.default_rng(6)
+  rows = jnp.asarray(np.sort(rng.integers(0, np.sum(valid, axis=1)[:, None], (B, 37)), axis=1))
+  q = jnp.take_along_axis(qkv[0], rows[:, :, None, None], axis=1)
+  _assert_same_function(_flash(mask, rows), _dense(mask, rows), (q,) + qkv[1:],
+                        jnp.ones(rows.shape, bool))
+
+
+def test_flash_kernel_in_bfloat16_is_dense_attention_to_bfloat16_precision():
+  qkv, valid, docs, _ = _inputs(7, t=256)
+  mask = attention.Mask(valid, documents=docs, window=32)
+  low = tuple(x.astype(jnp.bfloat16) for x in qkv)
+  got = np.asarray(_flash(mask)(*low).astype(jnp.float32))
+  want = np.asarray(_dense(mask)(*(x.astype(jnp.float32) for x in low)))
+  real = np.asarray(valid)[:, :, None, None]
+  # The probabilities meet v in bfloat16, as in every flash kernel: a few bfloat16 steps.
+  error = np.abs(np.where(real, got - want, 0)).max()
+  assert error < 2 * 2.0**-8 * np.abs(want).max()
+
+
+def test_a_local_query_tile_reads_only_the_key_tiles_of_its_band():
+  # Values past position 192 are NaN. With a window of 20 each side, query tiles 0 and 1
+  # (positions 0-127) reach key tiles 0-2 only, so their outputs stay finite; had they read
+  # every tile, 0·NaN would have spread. Tile 2 reaches tile 3: NaN.
+  qkv, _, _, _ = _inputs(8, t=512)
+  q, k, v = qkv
+  v = v.at[:, 192:].set(jnp.nan)
+  mask = attention.Mask(jnp.ones((B, 512), bool), window=20)
+  out = np.asarray(_flash(mask)(q, k, v))
+  assert np.isfinite(out[:, :128]).all()
+  assert np.isnan(out[:, 128:192]).any()
+  # The FLOP count's keys per query: 3 tiles of 64 for the first and last tiles, 4 between.
+  assert attention.flash_keys(512, 512, 20, rows=False) == (2 * 2 + 6 * 3) * 64 / 8
+  assert attention.flash_keys(300, 300, 20, rows=True) == 320
+  assert attention.flash_keys(300, 300, None, rows=False) == 320
+
+
+def test_kernel_names_carry_the_band():
+  assert flash.kernel_name('fwd', 64, band=True) == 'mlm_flash_fwd_w64'
+  assert flash.kernel_name('dq', 64, band=False) == 'mlm_flash_dq'
+
+
+def test_auto_on_gpus_runs_local_layers_and_documents_on_the_flash_kernel():
+  gpu = _cfg(platform='gpu', dtype=jnp.bfloat16)
+  assert _choose(gpu, local=True) == ('flash', '')
+  assert _choose(gpu, local=True, contiguous=False, documents=True) == ('flash', '')
+  assert _choose(gpu, local=True, rows=True, q_len=20) == ('flash', '')
+  assert _choose(gpu) == ('cudnn', '')
+  kernel, why = _choose(gpu, documents=True)
+  assert kernel == 'flash' and 'not document ids' in why
+  kernel, why = _choose(gpu, rows=True, q_len=21)
+  assert kernel == 'flash' and 'even lengths' in why
+  # Asked for by name; heads over 256 go to XLA, saying why.
+  assert _choose(_cfg(attention='flash', platform='gpu', dtype=jnp.bfloat16)) == ('flash', '')
+  kernel, why = _choose(_cfg(platform='gpu', dtype=jnp.bfloat16, hidden_size=1024, num_heads=2),
+                        local=True)
+  assert kernel == 'blocked' and 'heads of up to 256, not 512' in why
+  # In 32-bit, and with attention dropout, 'auto' keeps XLA's kernels.
+  assert _choose(_cfg(platform='gpu'), local=True) == ('blocked', '')
+  drop = _cfg(platform='gpu', dtype=jnp.bfloat16, attention_dropout_rate=0.1)
+  assert _choose(drop, local=True, dropout=True) == ('blocked', '')
+  line = attention.describe(_cfg(platform='gpu', dtype=jnp.bfloat16, num_layers=22,
+                                 document_mask=True), 1024, 160)
+  assert 'global layers 0, 3, ..., 18 (7): flash (Pallas flash attention' in line
+  assert 'local layers 1, 2, ..., 20 (14): flash (Pallas flash attention' in line
+  assert 'last block (layer 21, global) at its 160 output rows: flash' in line
+
+
+def test_flash_runs_on_gpus_and_in_the_interpreter_on_cpus_only():
+  attention.check_platform(_cfg(attention='flash', platform='gpu', dtype=jnp.bfloat16))
+  attention.check_platform(_cfg(attention='flash', platform='cpu'))
+  with pytest.raises(ConfigError, match='runs on gpu only'):
+    attention.check_platform(_cfg(attention='flash', platform='tpu'))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('drop_token_rate', [0.0, 0.3])
+def test_a_modernbert_on_the_flash_kernel_trains_as_the_dense_one(drop_token_rate):
+  # Every layer on the kernel (local ones banded, global ones and the last block at the
+  # masked slots with documents apart): the loss and every gradient as the dense model's.
+  batch = _modern_batch(160)
+  fields = dict(drop_token_rate=drop_token_rate, document_mask=True, restart_positions=True)
+  dense, fused = (model_lib.mlm_model(_cfg(attention=a, **fields)) for a in ('dense', 'flash'))
+  assert {c.kernel for c in attention.plan(fused.cfg, 160, 12)} == {'flash'}
+  params = nn.unbox(dense.init(jax.random.key(0), batch)['params'])
+
+  def loss(model, params):
+    logits = model.apply({'params': params}, batch, deterministic=False,
+                         rngs={'dropout': jax.random.key(1)})
+    return jnp.mean(jax.nn.log_softmax(logits)[..., 7])
+  want, want_grads = jax.value_and_grad(lambda p: loss(dense, p))(params)
+  got, got_grads = jax.value_and_grad(lambda p: loss(fused, p))(params)
+  assert float(got) == pytest.approx(float(want), rel=1e-5)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
+                         got_grads, want_grads)
