@@ -138,3 +138,18 @@ def test_a_modernbert_on_the_flash_kernel_trains_as_the_dense_one(drop_token_rat
   assert float(got) == pytest.approx(float(want), rel=1e-5)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
                          got_grads, want_grads)
+
+
+@pytest.mark.slow
+def test_documents_apart_compile_to_the_flash_kernel_in_every_layer_for_an_h100(tmp_path):
+  from tests.test_preflight import _LONG
+  from tests.test_preflight import _preflight
+  from tests.test_preflight import _require_compilers
+  _require_compilers('h100')
+  code, output, r = _preflight(*_LONG, '--config.model.document_mask=True', '--target=h100',
+                               tmp_path=tmp_path)
+  assert code == 0, output[-3000:]
+  assert [c['kernel'] for c in r['attention']['plan']] == ['flash', 'flash', 'flash']
+  # Forward, dK/dV and dQ of the 4 layers (the last block's at the masked slots).
+  assert r['attention']['fused_calls'] == {'flash': {'expected': 12, 'compiled': 12}}
+  assert 'flash calls in the train step: 12 (planned 12)' in output

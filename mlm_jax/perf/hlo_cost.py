@@ -9,8 +9,9 @@ What the pre-flight needs from a compiled train step, without running it:
   `op_name` metadata): forward / backward / optimizer, attention / MLP /
   LayerNorm / head. This is how the docs find what bounds a step.
 - Every platform: the collectives (all-reduce, all-gather, reduce-scatter,
-  ...) with their payload bytes, and the cuDNN fused-attention calls.
-- GPU: matrix FLOPs counted from the `dot` instructions and the cuDNN
+  ...) with their payload bytes, and the fused-attention calls (cuDNN's,
+  and the Pallas kernels: splash attention, our flash kernel).
+- GPU: matrix FLOPs counted from the `dot` instructions and the fused
   attention calls (a deviceless GPU compile has no cost analysis).
 
 The text format is XLA's `HloModule::ToString`; only its stable parts are
@@ -37,6 +38,12 @@ COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'coll
 _CUDNN_ATTENTION = '__cudnn$fmha'
 # Pallas's splash kernels keep their kernel's name: splash_mha_fwd..., _dq..., _dkv...
 _SPLASH_KERNEL = re.compile(r'splash_m[hq]a_(fwd|dq|dkv)')
+# Our flash kernels' Triton calls carry their name in the backend config, a
+# banded one's with its window (model/attention/flash.py's kernel_name).
+_FLASH_KERNEL = re.compile(r'\bname = "mlm_flash_(fwd|dkv|dq)(?:_w(\d+))?"')
+# Matmuls of each flash kernel per query-key pair: the forward's q·kᵀ and p·v;
+# dK/dV recomputes q·kᵀ, then dV, dP and dK; dQ recomputes q·kᵀ, then dP and dQ.
+_FLASH_MATMULS = {'fwd': 2, 'dkv': 4, 'dq': 3}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,8 +276,27 @@ def _cudnn_attention_flops(ins: Instruction, shapes: dict[str, str]) -> float:
   return matmuls * 2.0 * b * n * tq * tk * h
 
 
+def _flash_attention_flops(ins: Instruction, shapes: dict[str, str]) -> float:
+  """Matrix FLOPs of one of our flash kernels from q [B, Q, N, H] and k [B, T, N, H]: the
+  key tiles it computes (only the band's in a banded kernel), as flash.flash_keys counts them.
+  """
+  from mlm_jax.model.attention import mask  # pylint: disable=import-outside-toplevel
+  from mlm_jax.model.attention import flash  # pylint: disable=import-outside-toplevel
+  m = _FLASH_KERNEL.search(ins.attributes)
+  q = arrays(shapes.get(ins.operands[0], '')) if ins.operands else []
+  k = arrays(shapes.get(ins.operands[1], '')) if len(ins.operands) > 1 else []
+  if m is None or not q or not k or len(q[0][1]) != 4:
+    return 0.0
+  b, tq, n, h = q[0][1]
+  tk = k[0][1][1]
+  window = int(m.group(2)) if m.group(2) else None
+  keys = mask.tiled_keys(tq, tk, window, flash.FLASH_BLOCK)
+  return _FLASH_MATMULS[m.group(1)] * 2.0 * b * n * tq * keys * h
+
+
 def matmul_flops(module: Module) -> float:
-  """FLOPs of every dot and cuDNN attention call that runs in one execution."""
+  """FLOPs of every dot and fused attention call (cuDNN's, our flash kernels) that runs in
+  one execution."""
   shapes_by_computation = {name: {x.name: x.shape for x in body}
                            for name, body in module.computations.items()}
   owner = {id(x): name for name, body in module.computations.items() for x in body}
@@ -279,6 +305,9 @@ def matmul_flops(module: Module) -> float:
     shapes = shapes_by_computation[owner[id(ins)]]
     if ins.opcode == 'custom-call' and _CUDNN_ATTENTION in ins.attributes:
       total += times * _cudnn_attention_flops(ins, shapes)
+      continue
+    if ins.opcode == 'custom-call' and _FLASH_KERNEL.search(ins.attributes):
+      total += times * _flash_attention_flops(ins, shapes)
       continue
     for x in [ins] + module.inner(ins):
       if x.opcode == 'dot':
@@ -332,6 +361,12 @@ def _first_tuple_element(shape: str) -> str:
 def cudnn_attention_calls(module: Module) -> int:
   return sum(times for ins, times in module.executed()
              if ins.opcode == 'custom-call' and _CUDNN_ATTENTION in ins.attributes)
+
+
+def flash_attention_calls(module: Module) -> int:
+  """Our flash kernels run (forward, and dK/dV and dQ in the backward pass)."""
+  return sum(times for ins, times in module.executed()
+             if ins.opcode == 'custom-call' and _FLASH_KERNEL.search(ins.attributes))
 
 
 def splash_attention_calls(module: Module) -> int:
@@ -407,6 +442,7 @@ def summary(text: str) -> dict:
       'collectives': by_kind,
       'cudnn_attention_calls': cudnn_attention_calls(module),
       'splash_attention_calls': splash_attention_calls(module),
+      'flash_attention_calls': flash_attention_calls(module),
       'matmul_flops': matmul_flops(module),
   }
 

@@ -432,11 +432,11 @@ class Preflight:
     """The kernel of each kind of attention call and why; fused calls planned and compiled.
 
     A fused kernel is a custom call in the compiled step: cuDNN's runs twice
-    per layer in a train step (forward, backward), splash attention three
-    times (forward, dq, dkv).
+    per layer in a train step (forward, backward), splash attention and our
+    flash kernel three times (forward, dq, dkv).
     """
     plan = self._attention_plan()
-    per_layer = {'cudnn': 2, 'splash': 3}
+    per_layer = {'cudnn': 2, 'flash': 3, 'splash': 3}
     fused = {}
     for kernel, times in per_layer.items():
       expected = sum(times * len(c.layers) for c in plan if c.kernel == kernel)

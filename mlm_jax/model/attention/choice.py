@@ -193,7 +193,7 @@ def _join(*reasons: str) -> str:
 NAMES = {'dense': 'ours, softmax over a dense mask',
          'jax_xla': "jax.nn.dot_product_attention(implementation='xla')",
          'cudnn': "cuDNN's fused flash attention, row lengths",
-         'flash': 'Pallas flash attention, segment ids and a band of tiles',
+         'flash': 'Pallas flash attention, segment ids',
          'splash': 'Pallas splash attention, segment ids',
          'blocked': 'XLA, banded or in query chunks'}
 
@@ -259,6 +259,8 @@ def _span(layers: list[int]) -> str:
 def _what_it_is(c: Choice) -> str:
   if c.kernel == 'blocked':
     return 'banded XLA' if c.window is not None and not c.rows else 'XLA in query chunks'
+  if c.kernel == 'flash' and c.window is not None and not c.rows:
+    return NAMES['flash'] + ", the window's band of tiles"
   return NAMES[c.kernel]
 
 
