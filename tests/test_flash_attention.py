@@ -12,6 +12,7 @@ from mlm_jax import model as model_lib
 from mlm_jax.config_check import ConfigError
 from mlm_jax.model import attention
 from mlm_jax.model.attention import flash
+from mlm_jax.runtime import sharding
 from tests.test_attention import B
 from tests.test_attention import _assert_same_function
 from tests.test_attention import _cfg
@@ -51,6 +52,7 @@ def test_flash_kernel_at_chosen_rows_is_dense_attention(window):
                         jnp.ones(rows.shape, bool))
 
 
+@pytest.mark.slow
 def test_flash_kernel_in_bfloat16_is_dense_attention_to_bfloat16_precision():
   qkv, valid, docs, _ = _inputs(7, t=256)
   mask = attention.Mask(valid, documents=docs, window=32)
@@ -78,6 +80,56 @@ def test_a_local_query_tile_reads_only_the_key_tiles_of_its_band():
   assert attention.flash_keys(512, 512, 20, rows=False) == (2 * 2 + 6 * 3) * 64 / 8
   assert attention.flash_keys(300, 300, 20, rows=True) == 320
   assert attention.flash_keys(300, 300, None, rows=False) == 320
+
+
+def test_a_query_tile_skips_the_key_tiles_of_other_documents_and_of_padding():
+  # Documents of 128 tokens, then 128 of padding: values of documents 3 and 4 are NaN, so the
+  # first two documents' outputs stay finite only if their tiles never read those.
+  qkv, _, _, _ = _inputs(10, t=640)
+  q, k, v = qkv
+  v = v.at[:, 256:512].set(jnp.nan)
+  valid = jnp.broadcast_to(jnp.arange(640) < 512, (B, 640))
+  docs = jnp.where(valid, 1 + jnp.arange(640) // 128, 0)
+  out = np.asarray(_flash(attention.Mask(valid, documents=docs))(q, k, v))
+  assert np.isfinite(out[:, :256]).all() and np.isnan(out[:, 256:512]).all()
+  # The spans: query tiles 0-1 (document 1) read key tiles 0-1, tiles 8-9 (padding) 8-9;
+  # with a window of 20, tile 2 reads tiles 1-3 of its document's 2-3.
+  first, end, _, _ = flash.tile_spans(docs, docs, None)
+  assert first[0].tolist() == [0, 0, 2, 2, 4, 4, 6, 6, 8, 8]
+  assert end[0].tolist() == [2, 2, 4, 4, 6, 6, 8, 8, 10, 10]
+  first, end, _, _ = flash.tile_spans(docs, docs, 20)
+  assert (first[0, 2], end[0, 2]) == (2, 4)
+
+
+@pytest.mark.slow
+def test_ids_that_do_not_increase_along_a_row_still_give_dense_attention():
+  # Spans are taken from the first to the last tile that can meet: a superset for any ids.
+  qkv, valid, _, _ = _inputs(11, t=256)
+  ids = np.random.default_rng(12).permutation(np.repeat(np.arange(1, 5), 64))
+  docs = jnp.where(valid, jnp.asarray(ids)[None], 0)
+  for window in (None, 30):
+    mask = attention.Mask(valid, documents=docs, window=window)
+    _assert_same_function(_flash(mask), _dense(mask), qkv, valid)
+
+
+@pytest.mark.slow
+def test_on_a_mesh_each_device_runs_the_kernel_on_its_own_rows():
+  # 8 rows over an 8-device (data 4, fsdp 2) mesh: the same values as on one device, and no
+  # device gathers the others' rows (a custom call XLA cannot split would need them all).
+  rng = np.random.default_rng(9)
+  q, k, v = (jnp.asarray(rng.normal(size=(8, 128, 2, 8)), jnp.float32) for _ in range(3))
+  valid = jnp.asarray(np.arange(128)[None] < rng.integers(5, 129, (8, 1)))
+  docs = jnp.asarray(np.where(valid, 1 + np.arange(128)[None] // rng.integers(9, 60, (8, 1)), 0))
+  mesh = sharding.make_mesh(fsdp=2)
+  split = sharding.batch_sharding(mesh)
+
+  def run(q, k, v, valid, docs):
+    return attention.flash_attention(q, k, v, attention.Mask(valid, documents=docs, window=20),
+                                     interpret=True)
+  step = jax.jit(sharding.traced_on(run, mesh))
+  args = [jax.device_put(x, split) for x in (q, k, v, valid, docs)]
+  np.testing.assert_allclose(step(*args), run(q, k, v, valid, docs), atol=1e-6)
+  assert 'all-gather' not in step.lower(*args).compile().as_text()
 
 
 def test_kernel_names_carry_the_band():

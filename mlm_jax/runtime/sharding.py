@@ -63,7 +63,7 @@ def traced_on(fn: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
   """`fn` whose body is traced on `mesh`: give it to jax.jit.
 
   The model's activation constraints (layers.batch_split: the 'batch' rule of
-  LOGICAL_RULES) and splash attention's shard_map read the mesh from the
+  LOGICAL_RULES) and the Pallas kernels' shard_map read the mesh from the
   context they are traced in; outside one they do nothing (a model on one
   device, tests, interop). Entered inside the traced body, the context holds
   however the jitted step is then called, lowered or compiled (the trainer,

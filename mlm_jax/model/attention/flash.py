@@ -84,7 +84,8 @@ def flash_attention(q: Array, k: Array, v: Array, mask: Mask, rows: Array | None
     k, k_seg, k_pos = _pad_to_tiles(k, k_seg, k_pos, _PAD_KEY)
     v = _pad_rows(v, k.shape[1], 0)
     q, k, v = (_pad_head(x) for x in (q, k, v))
-    out = _flash(q, k, v, q_seg, k_seg, q_pos, k_pos, scale, window, band, interpret)
+    spans = tile_spans(q_seg, k_seg, window if band else None)
+    out = _flash(q, k, v, q_seg, k_seg, q_pos, k_pos, *spans, scale, window, band, interpret)
     return out[:, :q_len, :, :h]
 
   return per_device(run, q, k, v, *ids)
@@ -128,11 +129,37 @@ def _pad_to_tiles(x: Array, seg: Array, pos: Array | None, pad_segment: int):
   return _pad_rows(x, length, 0), _pad_rows(seg, length, pad_segment), pos
 
 
-def _band(tile: Array, window: int, num_tiles: int) -> tuple[Array, Array]:
-  """The first and one-past-last tiles holding any index within `window` of `tile`'s."""
-  first = jax.lax.div(jnp.maximum(tile * FLASH_BLOCK - window, 0), FLASH_BLOCK)
-  last = jax.lax.div((tile + 1) * FLASH_BLOCK - 1 + window, FLASH_BLOCK)
-  return first, jnp.minimum(last + 1, num_tiles)
+def tile_spans(q_seg: Array, k_seg: Array, band: int | None) -> tuple[Array, ...]:
+  """The tiles each tile's loop visits: (key tiles of each query tile, first and one past the
+  last, [B, Q/64] each; query tiles of each key tile, [B, T/64] each), int32.
+
+  Tiles whose segment ids cannot meet are skipped: a query tile holding ids
+  lo..hi visits the key tiles holding any id in lo..hi, taken from the first
+  such tile to the last (a superset of the tiles it needs, whatever the ids;
+  exactly them when ids do not decrease along a row, as packed documents'
+  do). Padding and the tiles' own padding count as the largest id, so a row's
+  real tokens skip its padding tiles. `band` (a window each side, queries at
+  0..T-1): also only the key tiles within the window in index.
+  """
+  last_id = jnp.iinfo(jnp.int32).max
+  def interval(seg: Array) -> tuple[Array, Array]:        # [B, L] -> [B, L/64] twice.
+    order = jnp.where(seg > 0, seg, last_id).reshape(seg.shape[0], -1, FLASH_BLOCK)
+    return jnp.min(order, axis=-1), jnp.max(order, axis=-1)
+  (q_lo, q_hi), (k_lo, k_hi) = interval(q_seg), interval(k_seg)
+  meet = (q_lo[:, :, None] <= k_hi[:, None, :]) & (k_lo[:, None, :] <= q_hi[:, :, None])
+  if band is not None:
+    i = np.arange(meet.shape[1])[:, None] * FLASH_BLOCK     # First index of each tile.
+    j = np.arange(meet.shape[2])[None, :] * FLASH_BLOCK
+    meet = meet & ((j <= i + FLASH_BLOCK - 1 + band) & (j + FLASH_BLOCK - 1 >= i - band))
+
+  def span(m: Array) -> tuple[Array, Array]:              # [B, X, Y] -> [B, X] twice.
+    n = m.shape[-1]
+    first = jnp.argmax(m, axis=-1)
+    end = n - jnp.argmax(m[..., ::-1], axis=-1)
+    some = jnp.any(m, axis=-1)
+    return (jnp.where(some, first, 0).astype(jnp.int32),
+            jnp.where(some, end, 0).astype(jnp.int32))
+  return (*span(meet), *span(jnp.swapaxes(meet, 1, 2)))
 
 
 def _scores(q: Array, k: Array, q_seg: Array, k_seg: Array, q_pos: Array | None,
@@ -156,20 +183,13 @@ def _tiles(ref, tile: Array) -> Array:
   return ref[pl.ds(tile * FLASH_BLOCK, FLASH_BLOCK)]
 
 
-def _loop_bounds(tile: Array, window: int | None, band: bool, num_tiles: int):
-  if band:
-    return _band(tile, window, num_tiles)
-  return 0, num_tiles
-
-
 def _forward_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, q_pos_ref, k_pos_ref,
-                    o_ref, lse_ref, *, scale: float, window: int | None, band: bool):
-  """One query tile against the key tiles it may see: out and the log2-sum-exp."""
+                    first_ref, end_ref, o_ref, lse_ref, *, scale: float, window: int | None):
+  """One query tile against the key tiles of its span: out and the log2-sum-exp."""
   tile = pl.program_id(0)
   q = q_ref[...]                                     # [bq, H]
   q_seg = q_seg_ref[...]
   q_pos = None if q_pos_ref is None else q_pos_ref[...]
-  num_k = k_ref.shape[0] // FLASH_BLOCK
 
   def body(j, carry):
     acc, top, total = carry
@@ -182,23 +202,22 @@ def _forward_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, q_pos_ref, k_pos_
     acc = acc * correction[:, None] + _dot(p.astype(v.dtype), v)
     return acc, new_top, total * correction + jnp.sum(p, axis=1)
 
-  first, last = _loop_bounds(tile, window, band, num_k)
   start = (jnp.zeros(q.shape, jnp.float32), jnp.full(q.shape[:1], -jnp.inf, jnp.float32),
            jnp.zeros(q.shape[:1], jnp.float32))
-  acc, top, total = jax.lax.fori_loop(first, last, body, start)
+  acc, top, total = jax.lax.fori_loop(first_ref[tile], end_ref[tile], body, start)
+  total = jnp.where(total > 0, total, 1.0)   # An empty span (no key to see): zeros, not NaN.
   o_ref[...] = (acc / total[:, None]).astype(o_ref.dtype)
   lse_ref[...] = top + jnp.log2(total)
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, q_pos_ref, k_pos_ref, do_ref,
-                lse_ref, delta_ref, dk_ref, dv_ref, *, scale: float, window: int | None,
-                band: bool):
-  """One key tile's dK and dV, over the query tiles that may see it."""
+def _dkv_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, q_pos_ref, k_pos_ref, first_ref,
+                end_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, scale: float,
+                window: int | None):
+  """One key tile's dK and dV, over the query tiles of its span."""
   tile = pl.program_id(0)
   k, v = k_ref[...], v_ref[...]                      # [bk, H]
   k_seg = k_seg_ref[...]
   k_pos = None if k_pos_ref is None else k_pos_ref[...]
-  num_q = q_ref.shape[0] // FLASH_BLOCK
 
   def body(i, carry):
     dk, dv = carry
@@ -212,23 +231,20 @@ def _dkv_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, q_pos_ref, k_pos_ref,
     ds = p * (dp - _tiles(delta_ref, i)[:, None])
     return dk + _dot(ds.astype(q.dtype).T, q), dv
 
-  first, last = _loop_bounds(tile, window, band, num_q)
   zeros = jnp.zeros(k.shape, jnp.float32)
-  dk, dv = jax.lax.fori_loop(first, last, body, (zeros, zeros))
+  dk, dv = jax.lax.fori_loop(first_ref[tile], end_ref[tile], body, (zeros, zeros))
   dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, q_pos_ref, k_pos_ref, do_ref,
-               lse_ref, delta_ref, dq_ref, *, scale: float, window: int | None,
-               band: bool):
-  """One query tile's dQ, over the key tiles it may see."""
+def _dq_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, q_pos_ref, k_pos_ref, first_ref,
+               end_ref, do_ref, lse_ref, delta_ref, dq_ref, *, scale: float, window: int | None):
+  """One query tile's dQ, over the key tiles of its span."""
   tile = pl.program_id(0)
   q, do = q_ref[...], do_ref[...]                    # [bq, H]
   q_seg = q_seg_ref[...]
   q_pos = None if q_pos_ref is None else q_pos_ref[...]
   lse, delta = lse_ref[...], delta_ref[...]
-  num_k = k_ref.shape[0] // FLASH_BLOCK
 
   def body(j, dq):
     k, v = _tiles(k_ref, j), _tiles(v_ref, j)
@@ -240,13 +256,13 @@ def _dq_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, q_pos_ref, k_pos_ref, 
     ds = p * (dp - delta[:, None])
     return dq + _dot(ds.astype(k.dtype), k)
 
-  first, last = _loop_bounds(tile, window, band, num_k)
-  dq = jax.lax.fori_loop(first, last, body, jnp.zeros(q.shape, jnp.float32))
+  dq = jax.lax.fori_loop(first_ref[tile], end_ref[tile], body, jnp.zeros(q.shape, jnp.float32))
   dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
 def _specs(q_len: int, kv_len: int, h: int, tiled: str, positions: bool):
-  """BlockSpecs over grid (tile, b, n) for q, k, v, q_seg, k_seg, q_pos, k_pos.
+  """BlockSpecs over grid (tile, b, n) for q, k, v, q_seg, k_seg, q_pos, k_pos and the tiled
+  side's spans (first, end).
 
   `tiled` ('q' or 'k') is the side cut into the grid's tiles; the other
   side is whole.
@@ -259,7 +275,10 @@ def _specs(q_len: int, kv_len: int, h: int, tiled: str, positions: bool):
     q, kv, q_ids, k_ids = tile(), whole(kv_len), ids_tile(), ids_whole(kv_len)
   else:
     q, kv, q_ids, k_ids = whole(q_len), tile(), ids_whole(q_len), ids_tile()
-  return [q, kv, kv, q_ids, k_ids, q_ids if positions else None, k_ids if positions else None]
+  spans = pl.BlockSpec((None, (q_len if tiled == 'q' else kv_len) // FLASH_BLOCK),
+                       lambda i, b, n: (b, 0))
+  return [q, kv, kv, q_ids, k_ids, q_ids if positions else None, k_ids if positions else None,
+          spans, spans]
 
 
 def _per_query(length: int, tiled: bool):
@@ -273,60 +292,67 @@ def _compiler_params(h: int):
   return plgpu.CompilerParams(num_warps=4 if h <= 64 else 8, num_stages=2)
 
 
-def _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, scale, window, band, interpret):
+def _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, q_first, q_end, scale, window, band,
+             interpret):
   b, q_len, n, h = q.shape
   kv_len = k.shape[1]
   out, lse = pl.pallas_call(
-      functools.partial(_forward_kernel, scale=scale, window=window, band=band),
+      functools.partial(_forward_kernel, scale=scale, window=window),
       grid=(q_len // FLASH_BLOCK, b, n),
       in_specs=_specs(q_len, kv_len, h, 'q', q_pos is not None),
       out_specs=[pl.BlockSpec((None, FLASH_BLOCK, None, h), lambda i, b, n: (b, i, n, 0)),
                  _per_query(q_len, tiled=True)],
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                  jax.ShapeDtypeStruct((b, n, q_len), jnp.float32)],
-      compiler_params=_compiler_params(h), interpret=interpret, name=kernel_name('fwd', window, band),
-  )(q, k, v, q_seg, k_seg, q_pos, k_pos)
+      compiler_params=_compiler_params(h), interpret=interpret,
+      name=kernel_name('fwd', window, band),
+  )(q, k, v, q_seg, k_seg, q_pos, k_pos, q_first, q_end)
   return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
-def _flash(q, k, v, q_seg, k_seg, q_pos, k_pos, scale, window, band, interpret):
-  return _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, scale, window, band, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(11, 12, 13, 14))
+def _flash(q, k, v, q_seg, k_seg, q_pos, k_pos, q_first, q_end, k_first, k_end, scale, window,
+           band, interpret):
+  return _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, q_first, q_end, scale, window, band,
+                  interpret)[0]
 
 
-def _flash_fwd(q, k, v, q_seg, k_seg, q_pos, k_pos, scale, window, band, interpret):
-  out, lse = _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, scale, window, band, interpret)
-  return out, (q, k, v, q_seg, k_seg, q_pos, k_pos, out, lse)
+def _flash_fwd(q, k, v, q_seg, k_seg, q_pos, k_pos, q_first, q_end, k_first, k_end, scale,
+               window, band, interpret):
+  out, lse = _forward(q, k, v, q_seg, k_seg, q_pos, k_pos, q_first, q_end, scale, window, band,
+                      interpret)
+  return out, (q, k, v, q_seg, k_seg, q_pos, k_pos, q_first, q_end, k_first, k_end, out, lse)
 
 
 def _flash_bwd(scale, window, band, interpret, residuals, d_out):
-  q, k, v, q_seg, k_seg, q_pos, k_pos, out, lse = residuals
+  q, k, v, q_seg, k_seg, q_pos, k_pos, q_first, q_end, k_first, k_end, out, lse = residuals
   b, q_len, n, h = q.shape
   kv_len = k.shape[1]
   delta = jnp.einsum('bqnh,bqnh->bnq', out.astype(jnp.float32), d_out.astype(jnp.float32))
   d_out = d_out.astype(q.dtype)
-  ids = (q, k, v, q_seg, k_seg, q_pos, k_pos, d_out, lse, delta)
+  ids = (q, k, v, q_seg, k_seg, q_pos, k_pos)
+  per_query = (d_out, lse, delta)
   positions = q_pos is not None
   params = dict(compiler_params=_compiler_params(h), interpret=interpret)
   dk, dv = pl.pallas_call(
-      functools.partial(_dkv_kernel, scale=scale, window=window, band=band),
+      functools.partial(_dkv_kernel, scale=scale, window=window),
       grid=(kv_len // FLASH_BLOCK, b, n),
       in_specs=_specs(q_len, kv_len, h, 'k', positions) + [
           pl.BlockSpec((None, q_len, None, h), lambda i, b, n: (b, 0, n, 0)),
           _per_query(q_len, tiled=False), _per_query(q_len, tiled=False)],
       out_specs=[pl.BlockSpec((None, FLASH_BLOCK, None, h), lambda i, b, n: (b, i, n, 0))] * 2,
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      name=kernel_name('dkv', window, band), **params)(*ids)
+      name=kernel_name('dkv', window, band), **params)(*ids, k_first, k_end, *per_query)
   dq = pl.pallas_call(
-      functools.partial(_dq_kernel, scale=scale, window=window, band=band),
+      functools.partial(_dq_kernel, scale=scale, window=window),
       grid=(q_len // FLASH_BLOCK, b, n),
       in_specs=_specs(q_len, kv_len, h, 'q', positions) + [
           pl.BlockSpec((None, FLASH_BLOCK, None, h), lambda i, b, n: (b, i, n, 0)),
           _per_query(q_len, tiled=True), _per_query(q_len, tiled=True)],
       out_specs=pl.BlockSpec((None, FLASH_BLOCK, None, h), lambda i, b, n: (b, i, n, 0)),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-      name=kernel_name('dq', window, band), **params)(*ids)
-  return dq, dk, dv, None, None, None, None
+      name=kernel_name('dq', window, band), **params)(*ids, q_first, q_end, *per_query)
+  return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
