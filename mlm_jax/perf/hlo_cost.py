@@ -279,6 +279,9 @@ def _cudnn_attention_flops(ins: Instruction, shapes: dict[str, str]) -> float:
 def _flash_attention_flops(ins: Instruction, shapes: dict[str, str]) -> float:
   """Matrix FLOPs of one of our flash kernels from q [B, Q, N, H] and k [B, T, N, H]: the
   key tiles it computes (only the band's in a banded kernel), as flash.flash_keys counts them.
+
+  An upper bound: the tiles of other documents and of padding, which the
+  kernel skips as it runs, are counted.
   """
   from mlm_jax.model.attention import mask  # pylint: disable=import-outside-toplevel
   from mlm_jax.model.attention import flash  # pylint: disable=import-outside-toplevel

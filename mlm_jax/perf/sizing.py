@@ -121,8 +121,8 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
       '- **memory**: what that step uses per device: parameters + optimizer state, batch, '
       'temporaries and program.',
       '- **attention**: the kernels of the step\'s attention layers (model/attention/) '
-      'and the fused calls compiled (cuDNN: forward and backward per layer; splash: '
-      'forward, dq and dkv).',
+      'and the fused calls compiled (cuDNN: forward and backward per layer; splash and '
+      'flash: forward, dq and dkv).',
       '- **TPU estimate**: the TPU compiler\'s own per-operation cycle estimates, summed, plus '
       'the collectives at the data-sheet interconnect bandwidth without overlap; MFU counts '
       'flops.py\'s model FLOPs against the chip\'s bf16 peak. A compiler estimate, not a '

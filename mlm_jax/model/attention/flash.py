@@ -92,7 +92,8 @@ def flash_attention(q: Array, k: Array, v: Array, mask: Mask, rows: Array | None
 
 
 def flash_keys(q_len: int, kv_len: int, window: int | None, rows: bool) -> float:
-  """Keys per query the kernel computes: whole tiles, and only the band's where it skips."""
+  """Keys per query the kernel computes at most: whole tiles, only the band's in a local layer
+  (fewer where documents or padding let it skip more, `tile_spans`)."""
   whole = lambda length: -(-length // FLASH_BLOCK) * FLASH_BLOCK
   if window is None or rows:
     return float(whole(kv_len))
