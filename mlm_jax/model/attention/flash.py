@@ -166,8 +166,7 @@ def tile_spans(q_seg: Array, k_seg: Array, band: int | None) -> tuple[Array, ...
 def _scores(q: Array, k: Array, q_seg: Array, k_seg: Array, q_pos: Array | None,
             k_pos: Array | None, scale: float, window: int | None) -> Array:
   """[bq, bk] float32: q·kᵀ·scale in log2 units, masked."""
-  s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-  s = s * (_LOG2_E * scale)
+  s = _dot(q, k.T) * (_LOG2_E * scale)
   allowed = q_seg[:, None] == k_seg[None, :]
   if window is not None:
     allowed = allowed & (jnp.abs(q_pos[:, None] - k_pos[None, :]) <= window)
@@ -175,8 +174,10 @@ def _scores(q: Array, k: Array, q_seg: Array, k_seg: Array, q_pos: Array | None,
 
 
 def _dot(a: Array, b: Array) -> Array:
-  """a [m, k] · b [k, n] -> [m, n] float32."""
-  return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  """a [m, k] · b [k, n] -> [m, n] float32; float32 inputs in full precision (not TF32)."""
+  precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=precision,
+                             preferred_element_type=jnp.float32)
 
 
 def _tiles(ref, tile: Array) -> Array:
@@ -227,8 +228,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, q_pos_ref, k_pos_ref,
                 None if q_pos_ref is None else _tiles(q_pos_ref, i), k_pos, scale, window)
     p = jnp.exp2(s - _tiles(lse_ref, i)[:, None])    # [bq, bk]
     dv = dv + _dot(p.astype(do.dtype).T, do)
-    dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())),
-                             preferred_element_type=jnp.float32)
+    dp = _dot(do, v.T)
     ds = p * (dp - _tiles(delta_ref, i)[:, None])
     return dk + _dot(ds.astype(q.dtype).T, q), dv
 
@@ -252,8 +252,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, q_pos_ref, k_pos_ref, 
     s = _scores(q, k, q_seg, _tiles(k_seg_ref, j), q_pos,
                 None if k_pos_ref is None else _tiles(k_pos_ref, j), scale, window)
     p = jnp.exp2(s - lse[:, None])
-    dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())),
-                             preferred_element_type=jnp.float32)
+    dp = _dot(do, v.T)
     ds = p * (dp - delta[:, None])
     return dq + _dot(ds.astype(k.dtype), k)
 
