@@ -476,6 +476,11 @@ class Preflight:
                        'cost analysis does not see)')
     else:
       reasons.append('the HLO count covers matrix multiplies only')
+    if figures.hlo.get('flash_attention_calls'):
+      reasons.append('the flash attention kernels count as whole tiles of their band or row, '
+                     'with the products the backward pass recomputes (9 per query-key pair '
+                     "against flops.py's 6), though documents and padding let them skip tiles "
+                     'as they run')
     return '; '.join(reasons)
 
   # ---------------------------------------------------------------- report

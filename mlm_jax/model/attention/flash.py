@@ -9,13 +9,15 @@ window, their positions lie at most w apart.
 
 Tiles of FLASH_BLOCK queries meet tiles of FLASH_BLOCK keys in the online
 softmax of FlashAttention-2 (running max and sum in float32, exp2 of
-log2-scaled scores); nothing of size T² is ever stored. Where the queries
-are the row itself (not chosen rows) and a window is set, a query tile
-visits only the key tiles its band touches: DropToken only brings tokens
-closer in index than in position, so a key within w positions is within w
-indices. The backward pass recomputes the probabilities tile by tile from
-the saved log-sum-exp: one kernel for dK and dV (per key tile, over the
-query tiles of its band) and one for dQ.
+log2-scaled scores); nothing of size T² is ever stored. Each tile's loop
+spans only the tiles it can meet (`tile_spans`, computed before the
+kernels): those whose segment ids can match its own (a document's tiles,
+not its neighbours' nor the row's padding) and, where the queries are the
+row itself and a window is set, those its band touches (DropToken only
+brings tokens closer in index than in position, so a key within w
+positions is within w indices). The backward pass recomputes the
+probabilities tile by tile from the saved log-sum-exp: one kernel for dK
+and dV (per key tile, over the query tiles of its span) and one for dQ.
 
 The kernels are lowered through Pallas's Triton backend on GPUs; `interpret`
 runs them in Pallas's interpreter on any platform (the equality tests).
@@ -46,9 +48,6 @@ FLASH_BLOCK = 64
 # of two of at least 16 (Triton's smallest matmul), which leaves the scores
 # and the outputs' real columns as they are.
 FLASH_MAX_HEAD = 256
-# The kernels of one attention call in a train step (forward, then dK and dV,
-# then dQ): kernel_name's kinds, which the pre-flight counts.
-KINDS = ('fwd', 'dkv', 'dq')
 
 _LOG2_E = math.log2(math.e)
 # A masked score: finite, so a query that sees no key gets a uniform
