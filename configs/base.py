@@ -189,11 +189,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.dtype = 'auto'
   # Attention kernel (model/attention/): 'dense' (ours, softmax over a dense
   # mask), 'jax_xla' (jax.nn.dot_product_attention's XLA path, dense mask),
-  # 'cudnn' (NVIDIA GPUs, 16-bit), 'splash' (TPUs) or 'blocked' (XLA,
-  # O(T·window) for local layers). 'auto' picks splash attention on TPUs
-  # ('jax_xla' for global rows under 1,024 tokens without documents), cuDNN
-  # for global layers on GPUs in bfloat16, 'blocked' for local layers
-  # elsewhere and ours for the rest, and only the kernels with dropout
+  # 'cudnn' (NVIDIA GPUs, 16-bit), 'flash' (ours in Pallas, NVIDIA GPUs:
+  # windows and documents), 'splash' (TPUs) or 'blocked' (XLA, O(T·window)
+  # for local layers). 'auto' picks splash attention on TPUs ('jax_xla' for
+  # global rows under 1,024 tokens without documents); on GPUs in bfloat16
+  # cuDNN for global layers and 'flash' for local ones and for documents
+  # apart; 'blocked' for local layers elsewhere and ours for the rest, and
+  # only the kernels with dropout
   # ('dense', 'blocked') when attention_dropout_rate > 0. A kernel
   # that cannot take a call's mask hands it to another; the run's log says
   # which kernel each kind of layer compiled to, and why.
