@@ -267,6 +267,11 @@ def test_blocked_model_trains_as_the_dense_one(drop_token_rate, documents):
                 restart_positions=documents)
   dense, blocked = (model_lib.mlm_model(_cfg(attention=a, **fields)) for a in ('dense', 'blocked'))
   assert [c.kernel for c in attention.plan(blocked.cfg, 160, 12)][:2] == ['dense', 'blocked']
+  _assert_trains_as_the_dense_model(blocked, dense, batch)
+
+
+def _assert_trains_as_the_dense_model(model, dense, batch):
+  """`model` and `dense` (the same parameters) give the same loss and gradients on `batch`."""
   params = nn.unbox(dense.init(jax.random.key(0), batch)['params'])
 
   def loss(model, params):
@@ -274,7 +279,7 @@ def test_blocked_model_trains_as_the_dense_one(drop_token_rate, documents):
                          rngs={'dropout': jax.random.key(1)})
     return jnp.mean(jax.nn.log_softmax(logits)[..., 7])
   want, want_grads = jax.value_and_grad(lambda p: loss(dense, p))(params)
-  got, got_grads = jax.value_and_grad(lambda p: loss(blocked, p))(params)
+  got, got_grads = jax.value_and_grad(lambda p: loss(model, p))(params)
   assert float(got) == pytest.approx(float(want), rel=1e-5)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
                          got_grads, want_grads)

@@ -2,7 +2,6 @@
 dense masked attention for every mask a model describes, its band of tiles, and 'auto' choosing
 it on GPUs wherever cuDNN's fused call cannot take the mask."""
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +14,7 @@ from mlm_jax.model.attention import flash
 from mlm_jax.runtime import sharding
 from tests.test_attention import B
 from tests.test_attention import _assert_same_function
+from tests.test_attention import _assert_trains_as_the_dense_model
 from tests.test_attention import _cfg
 from tests.test_attention import _choose
 from tests.test_attention import _dense
@@ -183,17 +183,7 @@ def test_a_modernbert_on_the_flash_kernel_trains_as_the_dense_one(drop_token_rat
   fields = dict(drop_token_rate=drop_token_rate, document_mask=True, restart_positions=True)
   dense, fused = (model_lib.mlm_model(_cfg(attention=a, **fields)) for a in ('dense', 'flash'))
   assert {c.kernel for c in attention.plan(fused.cfg, 160, 12)} == {'flash'}
-  params = nn.unbox(dense.init(jax.random.key(0), batch)['params'])
-
-  def loss(model, params):
-    logits = model.apply({'params': params}, batch, deterministic=False,
-                         rngs={'dropout': jax.random.key(1)})
-    return jnp.mean(jax.nn.log_softmax(logits)[..., 7])
-  want, want_grads = jax.value_and_grad(lambda p: loss(dense, p))(params)
-  got, got_grads = jax.value_and_grad(lambda p: loss(fused, p))(params)
-  assert float(got) == pytest.approx(float(want), rel=1e-5)
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
-                         got_grads, want_grads)
+  _assert_trains_as_the_dense_model(fused, dense, batch)
 
 
 @pytest.mark.slow
