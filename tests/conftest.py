@@ -152,9 +152,10 @@ LONGEST_MODULES = (
 )
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items) -> None:
   """Modules in LONGEST_MODULES order, then the others by their number of slow tests, then of
-  tests (as xdist's own order).
+  tests (xdist's own order); counted after -m and -k have deselected.
 
   A stable sort: the tests of a module keep their order, and its module fixtures are
   made once as before. Only the order of modules changes, never what runs.
