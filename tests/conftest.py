@@ -1,5 +1,6 @@
 """Test set-up: 8 fake CPU devices (set before jax is imported), a compilation cache shared by
-the session and the commands it starts, and small fixtures."""
+the session and the commands it starts, the order modules are handed to xdist's workers in,
+and small fixtures."""
 
 import collections
 import os
@@ -144,7 +145,8 @@ def pytest_configure(config) -> None:
 # the pre-flight's compiles ~12 min, the multi-process runs ~2 min, then about a minute each).
 # xdist hands out whole modules (--dist loadscope) in collection order
 # (--no-loadscope-reorder): the longest start first and the short ones fill in at the end,
-# so that the workers finish together instead of one running a long module alone.
+# so that the workers finish together instead of one running a long module alone. A new
+# module that takes more than a minute of one worker belongs in this list.
 LONGEST_MODULES = (
     'test_preflight.py', 'test_multiprocess.py', 'test_finetune.py', 'test_model_and_step.py',
     'test_recipes.py', 'test_preemption.py', 'test_continue.py', 'test_bench.py',
