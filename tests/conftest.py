@@ -1,6 +1,8 @@
 """Test set-up: 8 fake CPU devices (set before jax is imported), a compilation cache shared by
-the session and the commands it starts, and small fixtures."""
+the session and the commands it starts, the order modules are handed to xdist's workers in,
+and small fixtures."""
 
+import collections
 import os
 import shutil
 import tempfile
@@ -137,6 +139,42 @@ def pytest_configure(config) -> None:
                     float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))
   jax.config.update('jax_persistent_cache_min_entry_size_bytes',
                     int(os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES']))
+
+
+# The modules that hold a worker longest, longest first (a full run's --durations on 2 cores:
+# the pre-flight's compiles ~12 min, the multi-process runs ~2 min, then about a minute each).
+# xdist hands out whole modules (--dist loadscope) in collection order
+# (--no-loadscope-reorder): the longest start first and the short ones fill in at the end,
+# so that the workers finish together instead of one running a long module alone. A new
+# module that takes more than a minute of one worker belongs in this list.
+LONGEST_MODULES = (
+    'test_preflight.py', 'test_multiprocess.py', 'test_finetune.py', 'test_model_and_step.py',
+    'test_recipes.py', 'test_preemption.py', 'test_continue.py', 'test_bench.py',
+    'test_attention.py', 'test_flash_attention.py', 'test_fsdp.py', 'test_train.py',
+    'test_model_options.py',
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items) -> None:
+  """Modules in LONGEST_MODULES order, then the others by their number of slow tests, then of
+  tests (xdist's own order); counted after -m and -k have deselected.
+
+  A stable sort: the tests of a module keep their order, and its module fixtures are
+  made once as before. Only the order of modules changes, never what runs.
+  """
+  def module(item) -> str:
+    return item.nodeid.split('::')[0]
+  slow, count = collections.Counter(), collections.Counter()
+  for item in items:
+    count[module(item)] += 1
+    slow[module(item)] += item.get_closest_marker('slow') is not None
+  rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+
+  def key(item) -> tuple:
+    name = module(item)
+    return rank.get(name.rsplit('/', 1)[-1], len(rank)), -slow[name], -count[name], name
+  items.sort(key=key)
 
 
 def pytest_unconfigure(config) -> None:

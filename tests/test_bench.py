@@ -224,7 +224,7 @@ def test_a_modernbert_config_is_timed_against_modernbert():
   config.model.num_layers, config.model.variant, config.model.layer_norm_eps = 2, 'modern', 1e-5
   config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
   result = bench.run_benchmark(config, warmup=1, steps=1, repeats=1, num_batches=1, compare='hf',
-                               breakdown_steps=2)
+                               breakdown_steps=3)
   ours, hf = result['ours'], result['hf']
   assert hf['num_params'] == ours['num_params']
   assert hf['masked_tokens_per_step'] == ours['masked_tokens_per_step']
@@ -247,10 +247,11 @@ def test_a_modernbert_config_is_timed_against_modernbert():
     assert set(seconds) <= set(op_breakdown.CATEGORIES)
     assert seconds['matmul: MLP'] > 0 and seconds['matmul: MLM head'] > 0
     assert seconds['layer norm'] > 0 and seconds['optimizer update'] > 0
-    # Per step, not per trace: of the order of a step. Tracing slows every small op and the
-    # tests share the cores, so the bound is loose.
-    assert 0 < sum(seconds.values()) < 50 * max(ours['step_time_s']['max'],
-                                                 hf['step_time_s']['max'])
+    # Per step, not per trace: within the wall time per step of the traced steps themselves,
+    # measured under the tracer and the same load as the breakdown (the timed windows may
+    # have run in a quieter moment). Summed over the 3 traced steps, it would be about 3x.
+    total = sum(seconds.values())
+    assert 0 < total <= 1.25 * system['traced_step_s'], (total, system['traced_step_s'])
 
 
 def test_concurrent_operations_share_the_wall_time():

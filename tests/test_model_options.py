@@ -64,7 +64,8 @@ def _loss_and_grads(cfg, params, batch, rng=jax.random.key(1)):
     logits = model.apply({'params': p}, batch, deterministic=False, rngs={'dropout': rng})
     terms = objective.mlm_loss_terms(logits, batch['masked_ids'], batch['masked_weights'])
     return terms['loss_sum'] / terms['weight_sum']
-  return jax.value_and_grad(loss)(params)
+  # Compiled, as a step runs it: op by op the gradient of the model takes longer.
+  return jax.jit(jax.value_and_grad(loss))(params)
 
 
 @pytest.mark.slow

@@ -15,7 +15,9 @@ by line.
   thread (an operation's own intra-op threads are inside it).
 
 Times are per step, averaged over the traced steps. Tracing adds a little
-overhead to both, so the totals can exceed the timed step.
+overhead to both, so the totals can exceed the timed step; each breakdown
+also gives the wall time per step of its traced steps (`traced_step_s`),
+measured under the tracer and the same load, which its total stays within.
 """
 
 from __future__ import annotations
@@ -127,16 +129,21 @@ def _op_intervals(trace_events: list[dict], names) -> list[tuple[float, float, s
   return out
 
 
-def jax_breakdown(compiled_text: str, run_steps: Callable[[int], None],
+def jax_breakdown(compiled_text: str, run_steps: Callable[[int], float],
                   steps: int) -> dict[str, Any]:
-  """Traces `run_steps(steps)` with jax.profiler; per-step seconds by category, and the top ops."""
+  """Traces `run_steps(steps)` with jax.profiler; per-step seconds by category, and the top ops.
+
+  `run_steps` returns the wall time of its steps, the last one finished on the device;
+  every traced operation runs inside it, so the categories' total per step is at most
+  `traced_step_s`, that wall time per step.
+  """
   import jax  # pylint: disable=import-outside-toplevel
   module = hlo_cost.Module.parse(compiled_text)
   by_name = {ins.name: ins for body in module.computations.values() for ins in body}
   with tempfile.TemporaryDirectory() as trace_dir:
     jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
     try:
-      run_steps(steps)
+      wall_s = run_steps(steps)
     finally:
       jax.profiler.stop_trace()
     paths = glob.glob(os.path.join(trace_dir, 'plugins', 'profile', '*', '*.trace.json.gz'))
@@ -148,7 +155,7 @@ def jax_breakdown(compiled_text: str, run_steps: Callable[[int], None],
     ins = by_name[name]
     seconds[categorize_hlo(ins, module.inner(ins))] += us * 1e-6 / steps
   top = sorted(shares.items(), key=lambda kv: -kv[1])[:10]
-  return {'seconds': _ordered(seconds),
+  return {'seconds': _ordered(seconds), 'traced_step_s': wall_s / steps,
           'top': [{'name': n, 'seconds': us * 1e-6 / steps,
                    'category': categorize_hlo(by_name[n], module.inner(by_name[n])),
                    'op_name': by_name[n].op_name[-120:]} for n, us in top]}
@@ -197,18 +204,19 @@ def _matmul_part(shapes: list, mlp_widths: set[int], vocab_sizes: set[int],
   return 'matmul: attention'  # Q, K, V, output projections and the score products.
 
 
-def torch_breakdown(run_steps: Callable[[int], None], steps: int, *, mlp_widths: set[int],
+def torch_breakdown(run_steps: Callable[[int], float], steps: int, *, mlp_widths: set[int],
                     vocab_sizes: set[int], token_counts: set[int]) -> dict[str, Any]:
   """Profiles `run_steps(steps)` with torch.profiler; per-step seconds by category, top ops.
 
   Matmuls are told apart by their shapes, leaving out dimensions that count
   tokens (`token_counts`: B, T, B T, ...): one with a dimension in
   `mlp_widths` (d_ff, and 2 d_ff for a gated MLP) is the MLP's, one in
-  `vocab_sizes` the head's, the others attention's.
+  `vocab_sizes` the head's, the others attention's. `run_steps` returns the wall time of its
+  steps; the self times on its thread add up to at most that, per step `traced_step_s`.
   """
   from torch import profiler  # pylint: disable=import-outside-toplevel
   with profiler.profile(activities=[profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
-    run_steps(steps)
+    wall_s = run_steps(steps)
   seconds: collections.Counter = collections.Counter()
   rows = []
   for avg in prof.key_averages(group_by_input_shape=True):
@@ -221,7 +229,7 @@ def torch_breakdown(run_steps: Callable[[int], None], steps: int, *, mlp_widths:
     seconds[category] += s
     rows.append((s, avg.key, category))
   rows.sort(reverse=True)
-  return {'seconds': _ordered(seconds),
+  return {'seconds': _ordered(seconds), 'traced_step_s': wall_s / steps,
           'top': [{'name': k, 'seconds': s, 'category': c} for s, k, c in rows[:10]]}
 
 
