@@ -43,7 +43,8 @@ def test_flash_kernel_is_dense_attention(window, moved, documents):
   _assert_same_function(_flash(mask), _dense(mask), qkv, valid)
 
 
-@pytest.mark.parametrize('window', [pytest.param(None, marks=pytest.mark.slow), 20])
+@pytest.mark.slow
+@pytest.mark.parametrize('window', [None, 20])
 def test_flash_kernel_at_chosen_rows_is_dense_attention(window):
   # The last block's queries: the masked slots' rows (37, not whole tiles; real tokens, the
   # unused slots' row 0 repeated), documents apart.
