@@ -41,7 +41,7 @@ from mlm_jax.model.attention.sharded import per_device
 Array = jax.Array
 
 # Queries and keys per tile, forward and backward. Triton's tiles are powers
-# of two; 64 keeps a local layer's band (w = 64 each side) to 4 key tiles
+# of two; 64 keeps a local layer's band (w = 64 each side) to 3 key tiles
 # per query tile.
 FLASH_BLOCK = 64
 # The largest head the kernel takes. Heads are padded with zeros to a power
