@@ -176,12 +176,12 @@ def test_flash_runs_on_gpus_and_in_the_interpreter_on_cpus_only():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('drop_token_rate', [0.0, 0.3])
-def test_a_modernbert_on_the_flash_kernel_trains_as_the_dense_one(drop_token_rate):
+def test_a_modernbert_on_the_flash_kernel_trains_as_the_dense_one():
   # Every layer on the kernel (local ones banded, global ones and the last block at the
-  # masked slots with documents apart): the loss and every gradient as the dense model's.
+  # masked slots with documents apart), after DropToken moved the tokens: the loss and every
+  # gradient as the dense model's.
   batch = _modern_batch(160)
-  fields = dict(drop_token_rate=drop_token_rate, document_mask=True, restart_positions=True)
+  fields = dict(drop_token_rate=0.3, document_mask=True, restart_positions=True)
   dense, fused = (model_lib.mlm_model(_cfg(attention=a, **fields)) for a in ('dense', 'flash'))
   assert {c.kernel for c in attention.plan(fused.cfg, 160, 12)} == {'flash'}
   _assert_trains_as_the_dense_model(fused, dense, batch)
