@@ -118,6 +118,18 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step_and_resumes(prepared
   assert os.path.isdir(os.path.join(workdir, 'checkpoints', str(num_steps)))
 
 
+def _assert_one_process_trains_the_same(two, config, workdir, steps):
+  """`config` run here on 1 process x 8 devices at fsdp=8 logs the losses `two` (2 x 4) logged."""
+  config.mesh.fsdp = 8
+  config.train.update(num_steps=steps, log_every=1, eval_every=steps, checkpoint_every=steps,
+                      concurrent_chains=1)
+  run_training(config, workdir)
+  eight = _logged_losses(workdir)
+  print('losses 2x4:', two, '1x8:', eight)
+  assert [s for s, _ in two] == [s for s, _ in eight] == list(range(1, steps + 1))
+  np.testing.assert_allclose([l for _, l in two], [l for _, l in eight], rtol=1e-5)
+
+
 @pytest.mark.slow
 def test_continuing_a_published_checkpoint_with_fsdp_across_processes_matches_one(
     corpus_glob, tmp_path):
@@ -145,14 +157,8 @@ def test_continuing_a_published_checkpoint_with_fsdp_across_processes_matches_on
                       env={'HF_HOME': str(tmp_path / 'hf'), 'HF_HUB_OFFLINE': '1'})
   # 1 x 8: this process (tests/conftest.py gives it 8 devices), as the command trains.
   config = micro_config(corpus_glob, str(tmp_path / 'data_p1x8'))
-  config.init.hf_dir, config.mesh.fsdp = bert, 8
-  config.train.update(num_steps=steps, log_every=1, eval_every=steps, checkpoint_every=steps,
-                      concurrent_chains=1)
-  run_training(config, str(tmp_path / 'p1x8'))
-  eight = _logged_losses(str(tmp_path / 'p1x8'))
-  print('losses 2x4:', two, '1x8:', eight)
-  assert [s for s, _ in two] == [s for s, _ in eight] == [1, 2]
-  np.testing.assert_allclose([l for _, l in two], [l for _, l in eight], rtol=1e-5)
+  config.init.hf_dir = bert
+  _assert_one_process_trains_the_same(two, config, str(tmp_path / 'p1x8'), steps)
   with open(tmp_path / 'p2x4' / 'config.json') as f:
     assert json.load(f)['init']['hf_dir'] == f'example-org/bert-mini@{revision}'
 
@@ -183,14 +189,7 @@ def test_continuing_a_run_with_added_words_with_fsdp_across_processes_matches_on
   two = _train_losses(config_file, str(tmp_path / 'p2x4'), num_processes=2, devices=4)
   config = micro_config(corpus_glob, data_dir)
   config.init.workdir, config.tokenizer.add_tokens = str(tmp_path / 'earlier'), str(words)
-  config.mesh.fsdp = 8
-  config.train.update(num_steps=steps, log_every=1, eval_every=steps, checkpoint_every=steps,
-                      concurrent_chains=1)
-  run_training(config, str(tmp_path / 'p1x8'))
-  eight = _logged_losses(str(tmp_path / 'p1x8'))
-  print('losses 2x4:', two, '1x8:', eight)
-  assert [s for s, _ in two] == [s for s, _ in eight] == [1, 2]
-  np.testing.assert_allclose([l for _, l in two], [l for _, l in eight], rtol=1e-5)
+  _assert_one_process_trains_the_same(two, config, str(tmp_path / 'p1x8'), steps)
   with open(tmp_path / 'p2x4' / 'config.json') as f:
     grown = json.load(f)['resolved']['vocab_size']
   assert grown >= 400 + 3   # The table (400 rows) grew for the 3 words.

@@ -143,7 +143,7 @@ def test_lock_held_from_another_host_is_taken_over_only_once_its_heartbeat_is_ol
                               'command': 'python -m mlm_jax.train'}))
   with pytest.raises(lock.WorkdirLockedError, match='pid 4242 on host elsewhere'):
     with lock.hold(str(tmp_path)):
-      pass
+      pytest.fail("a lock whose heartbeat is fresh was taken from another host's run")
   old = path.stat().st_mtime - lock.STALE_AFTER_S - 60
   os.utime(path, (old, old))
   with lock.hold(str(tmp_path)):

@@ -283,7 +283,6 @@ def _flash_attention_flops(ins: Instruction, shapes: dict[str, str]) -> float:
   An upper bound: the tiles of other documents and of padding, which the
   kernel skips as it runs, are counted.
   """
-  from mlm_jax.model.attention import mask  # pylint: disable=import-outside-toplevel
   from mlm_jax.model.attention import flash  # pylint: disable=import-outside-toplevel
   m = _FLASH_KERNEL.search(ins.attributes)
   q = arrays(shapes.get(ins.operands[0], '')) if ins.operands else []
@@ -293,7 +292,7 @@ def _flash_attention_flops(ins: Instruction, shapes: dict[str, str]) -> float:
   b, tq, n, h = q[0][1]
   tk = k[0][1][1]
   window = int(m.group(2)) if m.group(2) else None
-  keys = mask.tiled_keys(tq, tk, window, flash.FLASH_BLOCK)
+  keys = flash.flash_keys(tq, tk, window, rows=False)   # A name without a window: no band.
   return _FLASH_MATMULS[m.group(1)] * 2.0 * b * n * tq * keys * h
 
 
