@@ -93,10 +93,9 @@ def flash_attention(q: Array, k: Array, v: Array, mask: Mask, rows: Array | None
 def flash_keys(q_len: int, kv_len: int, window: int | None, rows: bool) -> float:
   """Keys per query the kernel computes at most: whole tiles, only the band's in a local layer
   (fewer where documents or padding let it skip more, `tile_spans`)."""
-  whole = lambda length: -(-length // FLASH_BLOCK) * FLASH_BLOCK
   if window is None or rows:
-    return float(whole(kv_len))
-  return tiled_keys(whole(q_len), whole(kv_len), window, FLASH_BLOCK)
+    return float(_whole_tiles(kv_len))
+  return tiled_keys(_whole_tiles(q_len), _whole_tiles(kv_len), window, FLASH_BLOCK)
 
 
 def kernel_name(kind: str, window: int | None, band: bool) -> str:
@@ -106,6 +105,10 @@ def kernel_name(kind: str, window: int | None, band: bool) -> str:
   from the compiled program (perf/hlo_cost.py).
   """
   return f'mlm_flash_{kind}' + (f'_w{window}' if band else '')
+
+
+def _whole_tiles(length: int) -> int:
+  return -(-length // FLASH_BLOCK) * FLASH_BLOCK
 
 
 def _pad_rows(x: Array, length: int, fill) -> Array:
@@ -124,7 +127,7 @@ def _pad_head(x: Array) -> Array:
 
 def _pad_to_tiles(x: Array, seg: Array, pos: Array | None, pad_segment: int):
   """x [B, L, N, H] and its ids [B, L] padded to whole tiles; padding matches nothing real."""
-  length = -(-x.shape[1] // FLASH_BLOCK) * FLASH_BLOCK
+  length = _whole_tiles(x.shape[1])
   pos = None if pos is None else _pad_rows(pos, length, 0)
   return _pad_rows(x, length, 0), _pad_rows(seg, length, pad_segment), pos
 
