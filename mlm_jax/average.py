@@ -13,7 +13,7 @@ from __future__ import annotations
 from absl import flags
 
 from mlm_jax import cli
-from mlm_jax.config_check import ConfigError
+from mlm_jax.errors import ConfigError
 from mlm_jax.training import average
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A training run whose checkpoints (--steps) '

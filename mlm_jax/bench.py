@@ -23,7 +23,7 @@ import sys
 from absl import flags
 
 from mlm_jax import cli
-from mlm_jax.config_check import ConfigError
+from mlm_jax.errors import ConfigError
 from mlm_jax.perf import bench
 from mlm_jax.perf import scaling
 

@@ -28,22 +28,9 @@ from absl import logging
 from ml_collections import config_flags
 
 from mlm_jax import configuration
-from mlm_jax.data import corpus
-from mlm_jax.data import prepared
-from mlm_jax.perf import preflight
-from mlm_jax.perf import targets
+from mlm_jax import errors
 from mlm_jax.runtime import backend
 from mlm_jax.runtime import host_malloc
-from mlm_jax.training import checkpoint
-from mlm_jax.training import lock
-
-# Errors caused by the user's input: one line naming the fix, no traceback, status 2.
-USER_ERRORS = (configuration.ConfigError, corpus.CorpusError, prepared.DataDirError,
-               checkpoint.CheckpointMismatchError, targets.TargetError,
-               preflight.PreflightError, FloatingPointError, FileNotFoundError, ImportError,
-               lock.WorkdirLockedError)
-# A run stopped by its disk or its checkpoints: one line naming the path, status 1.
-RUN_ERRORS = (checkpoint.CheckpointWriteError, checkpoint.CheckpointReadError)
 
 
 def config_flag(required: bool = True) -> flags.FlagHolder:
@@ -114,7 +101,7 @@ def run(main: Callable[..., int | None], *, backend_choice: str = 'local',
     if positional and len(argv) < 2:
       _usage_error(f'give {positional}.')
     if backend_choice == 'compile_only':
-      targets.use_cpu_backend()
+      backend.use_cpu_backend()
     else:
       backend.choose_platform()
     malloc = host_malloc.tune() if tune_host_malloc else None
@@ -125,12 +112,12 @@ def run(main: Callable[..., int | None], *, backend_choice: str = 'local',
       logging.info('Host malloc: %s', malloc)
     try:
       status = main(argv[1:]) if positional else main()
-    except USER_ERRORS as e:
+    except errors.USER_ERRORS as e:
       _error_line(str(e), 2)
-    except RUN_ERRORS as e:
+    except errors.RUN_ERRORS as e:
       _error_line(str(e), 1)
     except OSError as e:
-      line = checkpoint.disk_error(e)  # A full or failing disk, wherever the run met it.
+      line = errors.disk_error(e)  # A full or failing disk, wherever the run met it.
       if line is None:
         raise
       _error_line(line, 1)

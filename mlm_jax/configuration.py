@@ -24,8 +24,8 @@ from absl import logging
 from mlm_jax import phases
 from mlm_jax import saved_config
 from mlm_jax import training_config
-from mlm_jax.config_check import ConfigError
-from mlm_jax.config_check import require
+from mlm_jax.errors import ConfigError
+from mlm_jax.errors import require
 from mlm_jax.data import corpus
 from mlm_jax.data import masking
 from mlm_jax.data import paths

@@ -41,8 +41,8 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from mlm_jax.config_check import ConfigError
-from mlm_jax.config_check import require
+from mlm_jax.errors import ConfigError
+from mlm_jax.errors import require
 from mlm_jax.data import masking
 from mlm_jax.data import mixture
 

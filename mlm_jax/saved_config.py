@@ -12,7 +12,7 @@ import ml_collections
 from absl import logging
 
 from configs import base
-from mlm_jax.config_check import ConfigError
+from mlm_jax.errors import ConfigError
 
 # Fields added to configs/base.py after runs were already saved, each with the
 # value that reproduces what a run from before it did (documents attended to

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from mlm_jax.config_check import one_of
-from mlm_jax.config_check import require
+from mlm_jax.errors import one_of
+from mlm_jax.errors import require
 
 # config.train.schedule: the learning-rate schedules of training/optimizer.py.
 SCHEDULES = ('linear', 'wsd', 'one_cycle', 'constant', 'decay')

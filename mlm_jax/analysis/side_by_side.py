@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 
 from mlm_jax import configuration
-from mlm_jax.config_check import require
+from mlm_jax.errors import require
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare

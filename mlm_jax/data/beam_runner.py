@@ -37,7 +37,7 @@ import apache_beam as beam
 from apache_beam import runners
 from apache_beam.options import pipeline_options
 
-from mlm_jax import config_check
+from mlm_jax.errors import ConfigError
 from mlm_jax.data import packing
 
 
@@ -50,7 +50,7 @@ def check_options(options: list[str]) -> None:
   try:
     runners.create_runner(name)
   except (ValueError, ImportError) as e:
-    raise config_check.ConfigError(f'--beam_options: {e}') from e
+    raise ConfigError(f'--beam_options: {e}') from e
 
 
 class _RunTask(beam.DoFn):

@@ -55,9 +55,9 @@ from typing import Any
 
 import ml_collections
 
-from mlm_jax.config_check import ConfigError
-from mlm_jax.config_check import one_of
-from mlm_jax.config_check import require
+from mlm_jax.errors import ConfigError
+from mlm_jax.errors import one_of
+from mlm_jax.errors import require
 from mlm_jax.data import arrow_source
 from mlm_jax.data import mixture
 from mlm_jax.data import paths

@@ -51,8 +51,8 @@ from typing import Any, Sequence
 import ml_collections
 import numpy as np
 
-from mlm_jax.config_check import ConfigError
-from mlm_jax.config_check import require
+from mlm_jax.errors import ConfigError
+from mlm_jax.errors import require
 
 # Fields of a member that say what corpus it is (missing ones: config.data's).
 CORPUS_FIELDS = ('corpus', 'tfds_name', 'tfds_data_dir', 'split', 'text_key', 'ids_key',

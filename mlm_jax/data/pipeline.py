@@ -31,8 +31,8 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from mlm_jax.config_check import one_of
-from mlm_jax.config_check import require
+from mlm_jax.errors import one_of
+from mlm_jax.errors import require
 from mlm_jax.data import index_shuffle
 from mlm_jax.data import masking
 from mlm_jax.data import packed_rows

@@ -54,7 +54,7 @@ from collections.abc import Iterator
 import ml_collections
 import numpy as np
 
-from mlm_jax.config_check import require
+from mlm_jax.errors import require
 from mlm_jax.data import corpus as corpus_lib
 from mlm_jax.data import line_sample
 from mlm_jax.data import packed_rows

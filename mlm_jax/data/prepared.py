@@ -33,13 +33,14 @@ import shutil
 import ml_collections
 import numpy as np
 
-from mlm_jax.config_check import ConfigError
-from mlm_jax.config_check import require
+from mlm_jax.errors import ConfigError
+from mlm_jax.errors import require
 from mlm_jax.data import corpus as corpus_lib
 from mlm_jax.data import mixture
 from mlm_jax.data import packed_rows
 from mlm_jax.data import paths
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.errors import DataDirError
 
 FORMAT_VERSION = 1
 SPLITS = ('train', 'validation')
@@ -52,9 +53,6 @@ ADDED_TOKENS = 'added_tokens.json'
 # The tfds export's dataset directory, under the data dir (name/version as tfds lays it out).
 TFDS_NAME, TFDS_VERSION = 'mlm_rows', '1.0.0'
 
-
-class DataDirError(ValueError):
-  """The data dir holds something other than what this config would make."""
 
 
 @dataclasses.dataclass(frozen=True)

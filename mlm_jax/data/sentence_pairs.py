@@ -18,8 +18,8 @@ from __future__ import annotations
 import ml_collections
 import numpy as np
 
-from mlm_jax.config_check import one_of
-from mlm_jax.config_check import require
+from mlm_jax.errors import one_of
+from mlm_jax.errors import require
 from mlm_jax.data import masking
 from mlm_jax.data import tokenizer as tok_lib
 

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from mlm_jax.errors import CorpusError
+
 # What a Unit covers (Unit.kind).
 UNIT_KINDS = ('files', 'bytes', 'records', 'row_groups', 'batches')
 
@@ -58,9 +60,6 @@ class Ids:
 
 Piece = tuple[bool, 'str | Ids']
 
-
-class CorpusError(ValueError):
-  """The corpus options do not name any usable text."""
 
 
 def decode_utf8(data: bytes) -> tuple[str, int]:

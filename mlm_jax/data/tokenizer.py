@@ -23,8 +23,8 @@ from collections.abc import Iterable
 
 import ml_collections
 
-from mlm_jax.config_check import one_of
-from mlm_jax.config_check import require
+from mlm_jax.errors import one_of
+from mlm_jax.errors import require
 from mlm_jax.data import hf_tokenizer
 from mlm_jax.data import paths
 from mlm_jax.data import sp_tokenizer

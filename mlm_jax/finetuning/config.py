@@ -16,7 +16,7 @@ import math
 import ml_collections
 from ml_collections import config_dict
 
-from mlm_jax.config_check import require
+from mlm_jax.errors import require
 from mlm_jax import training_config
 
 # The peak learning rate `plan` picks for BERT-base's width (Devlin et al.

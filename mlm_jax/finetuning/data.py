@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from mlm_jax.config_check import ConfigError
+from mlm_jax.errors import ConfigError
 from mlm_jax.data import corpus
 from mlm_jax.data import tfds_source
 from mlm_jax.data import tokenizer as tok_lib

@@ -22,7 +22,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from mlm_jax import model as model_lib
-from mlm_jax.config_check import require
+from mlm_jax.errors import require
 from mlm_jax.finetuning import batches as batches_lib
 from mlm_jax.finetuning import config as config_lib
 from mlm_jax.finetuning import data as data_lib

@@ -29,7 +29,7 @@ import numpy as np
 
 from configs import base
 from mlm_jax import model as model_lib
-from mlm_jax.config_check import ConfigError
+from mlm_jax.errors import ConfigError
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.training import workdir as workdir_lib
 

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from mlm_jax.config_check import one_of
-from mlm_jax.config_check import require
+from mlm_jax.errors import one_of
+from mlm_jax.errors import require
 # Attention kernel names (config.model.attention) and the kernels' limits: the attention
 # package's choice module, where the kernel of each call is picked.
 from mlm_jax.model.attention.choice import ATTENTIONS

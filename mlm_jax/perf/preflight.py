@@ -39,6 +39,7 @@ import time
 from typing import Any
 from typing import Callable
 
+from mlm_jax.errors import PreflightError
 from mlm_jax.perf import targets
 
 HEADROOM = 0.10     # A step fits when it leaves at least this share of device memory free.
@@ -48,9 +49,6 @@ HEADROOM = 0.10     # A step fits when it leaves at least this share of device m
 SEARCH_BUDGET_S = 60.0
 _REFERENCE_MATMUL = 4096  # Side of the bf16 matmul that calibrates the TPU cycle estimates.
 
-
-class PreflightError(ValueError):
-  """Bad input for a pre-flight: the message names the field and the fix."""
 
 
 @dataclasses.dataclass

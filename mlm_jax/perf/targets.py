@@ -9,7 +9,7 @@ G GPUs), `h100xGxK` (K nodes of G, e.g. h100x8x4), and the same for `a100`.
 (no accelerator needed): libtpu's compile-only TPU devices for a topology,
 and a deviceless CUDA target described by XLA's GPU target-config proto.
 Both need `pip install -e '.[aot]'`, and JAX running on its CPU backend
-(JAX_PLATFORMS=cpu), which `use_cpu_backend()` arranges. A deviceless GPU
+(JAX_PLATFORMS=cpu), which `runtime.backend.use_cpu_backend()` arranges. A deviceless GPU
 compile needs XLA's CUDA compiler only (the jax-cuda12-pjrt plugin): no CUDA
 runtime, cuDNN or other NVIDIA library is loaded, and the cuDNN version the
 fused-attention call is built for is the target's (`tracing_for`).
@@ -24,16 +24,13 @@ import math
 import os
 import re
 
-from mlm_jax.runtime import backend
+from mlm_jax.errors import TargetError
 from mlm_jax.runtime import hardware
 
 INSTALL_HINT = "pip install -e '.[aot]'"
 # JAX's GPU client takes this fraction of device memory unless told otherwise.
 _JAX_GPU_MEMORY_FRACTION = 0.75
 
-
-class TargetError(ValueError):
-  """A target name that is unknown or impossible, or a missing compiler; says the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,18 +136,6 @@ def _grid_3d(chips: int) -> tuple[int, int, int]:
 
 # --------------------------------------------------------------- devices
 
-
-def use_cpu_backend() -> None:
-  """Run JAX itself on the CPU: compile-only devices come from the targets' compilers.
-
-  Must run before JAX starts a backend. The CUDA plugin's check of the local
-  CUDA installation is skipped: there is no GPU to check against.
-  """
-  os.environ['JAX_PLATFORMS'] = 'cpu'
-  os.environ['JAX_SKIP_CUDA_CONSTRAINTS_CHECK'] = '1'
-  import jax  # pylint: disable=import-outside-toplevel
-  jax.config.update('jax_platforms', 'cpu')
-  backend.quiet_compile_only_plugins()
 
 
 def check_compiler(target: Target) -> None:

@@ -53,6 +53,19 @@ def choose_platform() -> str:
   return platforms
 
 
+def use_cpu_backend() -> None:
+  """Run JAX itself on the CPU: compile-only devices come from the targets' compilers
+  (perf/targets.py).
+
+  Must run before JAX starts a backend. The CUDA plugin's check of the local
+  CUDA installation is skipped: there is no GPU to check against.
+  """
+  os.environ['JAX_PLATFORMS'] = 'cpu'
+  os.environ['JAX_SKIP_CUDA_CONSTRAINTS_CHECK'] = '1'
+  jax.config.update('jax_platforms', 'cpu')
+  quiet_compile_only_plugins()
+
+
 def quiet_compile_only_plugins() -> None:
   """Silences the CUDA compiler plugin's warning that JAX's CUDA kernels are missing.
 

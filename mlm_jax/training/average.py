@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from mlm_jax.config_check import ConfigError
+from mlm_jax.errors import ConfigError
 from mlm_jax.training import checkpoint as ckpt_lib
 from mlm_jax.training import workdir as workdir_lib
 

@@ -20,9 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import errno
 import logging as std_logging
-import math
 import os
 import re
 import shutil
@@ -38,25 +36,16 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from mlm_jax.errors import CheckpointMismatchError
+from mlm_jax.errors import CheckpointReadError
+from mlm_jax.errors import CheckpointWriteError
+from mlm_jax.errors import human_bytes
 from mlm_jax.training import preemption
 
 UNREADABLE_SUFFIX = '.unreadable'
 # A save asks for the last checkpoint's size with this margin: one run's
 # checkpoints differ in size by several percent (OCDBT packs each anew).
 ROOM_MARGIN = 1.2
-
-
-class CheckpointMismatchError(ValueError):
-  """The checkpoint was written by a run with other model or vocab settings."""
-
-
-class CheckpointWriteError(OSError):
-  """A checkpoint could not be written (a full or failing disk); the message names the
-  directory and its free space."""
-
-
-class CheckpointReadError(RuntimeError):
-  """No checkpoint of the directory reads; the message names each and why."""
 
 
 class Checkpointer:
@@ -226,8 +215,8 @@ class Checkpointer:
     if not _on_every_process(free >= need):  # All processes save, or none.
       latest = self._manager.latest_step()
       raise CheckpointWriteError(
-          f'no room for checkpoint {step} in {self.directory}: {_human(free)} free, a '
-          f'checkpoint takes {_human(self._size)}. Free space there (or lower '
+          f'no room for checkpoint {step} in {self.directory}: {human_bytes(free)} free, a '
+          f'checkpoint takes {human_bytes(self._size)}. Free space there (or lower '
           f'config.train.keep_checkpoints) and run the same command to resume from step '
           f'{latest}.')
     # After this save, rotation frees what it deletes.
@@ -238,12 +227,12 @@ class Checkpointer:
     if free_after < need:
       logging.warning('%s has room for checkpoint %d but not for the next (%s free after it, a '
                       'checkpoint takes %s): free space before step %d, or the run stops there.',
-                      self.directory, step, _human(max(free_after, 0)), _human(self._size),
+                      self.directory, step, human_bytes(max(free_after, 0)), human_bytes(self._size),
                       step + self._every)
 
   def _write_error(self, step: int, error: Exception) -> CheckpointWriteError:
     self._failed = True
-    free = 'unknown' if _is_remote(self.directory) else _human(
+    free = 'unknown' if _is_remote(self.directory) else human_bytes(
         shutil.disk_usage(self.directory).free)
     earlier = []
     with contextlib.suppress(Exception):  # A disk that fails may not even list.
@@ -340,24 +329,7 @@ def restore_params(directory: str, step: int | None = None,
   return step, restored['state'][item], restored['meta']
 
 
-def disk_error(error: OSError) -> str | None:
-  """One line for an OSError of a full or failing disk (its path and free space), else None."""
-  if error.errno not in _DISK_ERRNOS:
-    return None
-  path = os.fsdecode(error.filename) if error.filename else ''
-  free = ''
-  if path:
-    with contextlib.suppress(OSError):
-      free = f' ({_human(shutil.disk_usage(os.path.dirname(path) or ".").free)} free there)'
-  what = f'{path}: {error.strerror}' if path else f'a write failed: {error.strerror}'
-  return (f'{what}{free}. Free space (or fix the disk) and run the same command to resume '
-          'from the last checkpoint.')
-
-
 # ---------------------------------------------------------------- helpers
-
-# A full disk, a quota, a file size limit, a read-only or failing device.
-_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -463,10 +435,3 @@ def _on_every_process(ok: bool) -> bool:
 
 def _is_remote(path: str) -> bool:
   return '://' in path  # gs://..., where free space is not a question for the writer.
-
-
-def _human(n: float) -> str:
-  if n < 1024:
-    return f'{n:.0f} bytes'
-  exponent = min(int(math.log(n, 1024)), 4)
-  return f'{n / 1024**exponent:.1f} {("KiB", "MiB", "GiB", "TiB")[exponent - 1]}'

@@ -29,15 +29,14 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
+from mlm_jax.errors import WorkdirLockedError
+
 FILE_NAME = 'run.lock'
 # The holder refreshes the lock's mtime this often...
 HEARTBEAT_S = 30
 # ...and a lock held from another host whose mtime is older than this is taken over.
 STALE_AFTER_S = 300
 
-
-class WorkdirLockedError(RuntimeError):
-  """Another run holds the directory's lock; the message names it and the way out."""
 
 
 @contextlib.contextmanager

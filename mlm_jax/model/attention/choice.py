@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import jax.numpy as jnp
 from absl import logging
 
-from mlm_jax.config_check import require
+from mlm_jax.errors import require
 from mlm_jax.model.attention.flash import FLASH_MAX_HEAD
 from mlm_jax.model.attention.splash import SPLASH_BLOCK
 
