@@ -10,7 +10,7 @@ import pytest
 from configs import base
 from mlm_jax import saved_config
 from mlm_jax import model as model_lib
-from mlm_jax.config_check import ConfigError
+from mlm_jax.errors import ConfigError
 from mlm_jax.data import masking
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.model import attention

@@ -70,7 +70,7 @@ def test_stable_adamw_matches_the_formula():
 def test_bad_optimizer_and_ema_decay_are_one_line_errors():
   from configs import base
   from mlm_jax import training_config
-  from mlm_jax.config_check import ConfigError
+  from mlm_jax.errors import ConfigError
   for field, value, words in (('optimizer', 'lion', "'adamw' or 'stable_adamw'"),
                               ('ema_decay', 1.0, 'must be in [0, 1)')):
     train = base.get_config().train

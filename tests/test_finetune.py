@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from mlm_jax.config_check import ConfigError
+from mlm_jax.errors import ConfigError
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.finetuning import config as config_lib
 from mlm_jax.finetuning import data as data_lib

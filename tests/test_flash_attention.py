@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mlm_jax import model as model_lib
-from mlm_jax.config_check import ConfigError
+from mlm_jax.errors import ConfigError
 from mlm_jax.model import attention
 from mlm_jax.model.attention import flash
 from mlm_jax.runtime import sharding

@@ -186,7 +186,7 @@ def test_xlm_roberta_without_tokenizer_config_still_exports_as_xlm_roberta(check
 def test_distilbert_layout_is_checked():
   """type_vocab_size 0 (no token-type table) is DistilBERT's layout, of the BERT encoder only;
   DistilBERT's fixed LayerNorm eps is refused otherwise, in one line."""
-  from mlm_jax.config_check import ConfigError
+  from mlm_jax.errors import ConfigError
   from mlm_jax.data import sp_tokenizer
   from mlm_jax.model import config as model_config_lib
   from tests.conftest import model_config

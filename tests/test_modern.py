@@ -18,7 +18,7 @@ from configs import modern_large
 from configs import tiny
 from mlm_jax import configuration
 from mlm_jax import model as model_lib
-from mlm_jax.config_check import ConfigError
+from mlm_jax.errors import ConfigError
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.model import config as config_lib
 from mlm_jax.runtime import sharding

@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from mlm_jax import model as model_lib
-from mlm_jax.config_check import ConfigError
+from mlm_jax.errors import ConfigError
 from mlm_jax.runtime import platform_ops
 from mlm_jax.runtime import sharding
 from tests.conftest import model_config

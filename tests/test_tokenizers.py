@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from mlm_jax.config_check import ConfigError
+from mlm_jax.errors import ConfigError
 from mlm_jax.data import hf_tokenizer
 from mlm_jax.data import masking
 from mlm_jax.data import prepare
