@@ -59,6 +59,7 @@ from mlm_jax.errors import ConfigError
 from mlm_jax.errors import one_of
 from mlm_jax.errors import require
 from mlm_jax.data import arrow_source
+from mlm_jax.data import mds_source
 from mlm_jax.data import mixture
 from mlm_jax.data import paths
 from mlm_jax.data import sources as sources_lib
@@ -217,7 +218,7 @@ def _expand(spec: str) -> tuple[list[str], str, str]:
   if paths.isfile(path):
     return [path], '', ''
   if paths.isdir(path):
-    if arrow_source.is_dataset_dir(path):
+    if arrow_source.is_dataset_dir(path) or mds_source.is_mds_dir(path):
       return [path], '', ''
     return paths.walk_files(path), 'empty_dir', 'the directory is empty'
   return [], 'missing', 'no such file or directory'
@@ -350,7 +351,8 @@ def _resolve_one(data: ml_collections.ConfigDict, field: str = 'config.data') ->
   name = f'{field}.corpus={data.corpus!r}'
   files, tally = resolve_files(data.corpus, f'{field}.corpus')
   tables = [f for f in files if arrow_source.is_table(f)]
-  texts = [f for f in files if not arrow_source.is_table(f)]
+  mds = [f for f in files if mds_source.is_mds(f)]
+  texts = [f for f in files if f not in tables and f not in mds]
   if ids_key and texts:
     raise CorpusError(f'{field}.ids_key={ids_key!r} reads token ids from parquet files or '
                       f'datasets directories, but {name} also names the text file {texts[0]}; '
@@ -361,12 +363,16 @@ def _resolve_one(data: ml_collections.ConfigDict, field: str = 'config.data') ->
   if tables:
     sources.append(arrow_source.TableSource(name, tables, data.text_key, ids_key, field,
                                             UNIT_BYTES, PIECE_CHARS))
-  identities = [f for path in files for f in arrow_source.data_files(path)]
+  if mds:
+    sources.append(mds_source.MdsSource(name, mds, data.text_key, ids_key, UNIT_BYTES,
+                                        PIECE_CHARS))
+  identities = [f for path in files for f in (
+      mds_source.data_files(path) if path in mds else arrow_source.data_files(path))]
   description = {'source': data.corpus, 'files': len(identities),
                  'digest': _stat_digest(identities)}
   if ids_key:
     description['ids_key'] = ids_key
-  elif tables or any(_is_jsonl(f) for f in files):
+  elif tables or mds or any(_is_jsonl(f) for f in files):
     description['text_key'] = data.text_key
   return Corpus(name, sources, _units(sources), description, tally,
                 split_rule=data.document_split if texts else 'record')
@@ -438,6 +444,9 @@ def check(data: ml_collections.ConfigDict, field: str = 'config.data') -> None:
     tables = [f for f in files if arrow_source.is_table(f)]
     if tables:
       arrow_source.check_column(tables[0], data.text_key, data.get('ids_key', ''), field)
+    mds = [f for f in files if mds_source.is_mds(f)]
+    if mds:
+      mds_source.check_column(mds[0], data.text_key, data.get('ids_key', ''))
 
 
 # ---------------------------------------------------------------- reading

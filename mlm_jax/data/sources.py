@@ -2,7 +2,8 @@
 
 A source is one kind of input: text and jsonl files (corpus.FileSource), the
 default corpus (corpus.StdlibSource), a tfds split (corpus.TfdsSource),
-parquet files and `datasets` directories (arrow_source). Each one
+parquet files and `datasets` directories (arrow_source), MDS directories
+(mds_source). Each one
 
   - cuts itself into units of work (`units`): whole files, a byte range of a
     big file, a range of records, of parquet row groups or of Arrow record
@@ -27,7 +28,7 @@ import numpy as np
 from mlm_jax.errors import CorpusError
 
 # What a Unit covers (Unit.kind).
-UNIT_KINDS = ('files', 'bytes', 'records', 'row_groups', 'batches')
+UNIT_KINDS = ('files', 'bytes', 'records', 'row_groups', 'batches', 'shards')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +38,8 @@ class Unit:
   kind 'files': `files` whole; 'bytes': bytes [start, stop) of files[0];
   'records': records [start, stop) of the source (a tfds split); 'row_groups':
   parquet row groups [start, stop) of files[0]; 'batches': Arrow record
-  batches [start, stop) of files[0]. `source`: the index of the source that
+  batches [start, stop) of files[0]; 'shards': the shards [start, stop) of the MDS
+  directory files[0]. `source`: the index of the source that
   reads it in its corpus.
   """
   files: tuple[str, ...] = ()
