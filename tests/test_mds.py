@@ -24,6 +24,7 @@ from mlm_jax.data import prepare
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.errors import CorpusError
 from tests.conftest import micro_config
+from tests.test_tables import bucket  # noqa: F401  The gs:// fixture (a local directory).
 
 DOCS = [re.sub(r'\n\s*\n', '\n', d) for d, _ in zip(corpus.stdlib_docstrings(), range(300))]
 
@@ -213,5 +214,3 @@ def test_an_mds_directory_at_a_bucket_url(bucket):
   assert [p for _, p in pieces] == [p for _, p in _pieces(str(bucket / 'mds'))[0]]
   assert len([first for first, _ in pieces if first]) == 40 and tally.counts['files_used'] == 1
 
-
-from tests.test_tables import bucket  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
