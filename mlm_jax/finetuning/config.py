@@ -29,7 +29,8 @@ MAX_LEARNING_RATE_SCALE = 20.0
 # and at most MAX_EVALUATIONS times over its steps (the best one is kept).
 MIN_EVALUATIONS, MAX_EVALUATIONS = 5, 20
 # config.data.seq_len None with a model of unknown row length (--hf_dir): the longest
-# row of the files, rounded up to a multiple of SEQ_LEN_MULTIPLE, at most this.
+# row of the files, rounded up to a multiple of SEQ_LEN_MULTIPLE, at most
+# config.data.max_seq_len (AUTO_SEQ_LEN_LIMIT by default).
 AUTO_SEQ_LEN_LIMIT, SEQ_LEN_MULTIPLE = 512, 8
 # The scores a task reports (scores.py) and the one its best checkpoint is chosen by.
 TASK_SCORES = {'classify': ('accuracy', 'mcc', 'loss'), 'pair': ('accuracy', 'mcc', 'loss'),
@@ -52,6 +53,9 @@ def get_config() -> ml_collections.ConfigDict:
   # multiple of 8, at most 512. Longer texts are truncated (and counted); at most the
   # model's position table.
   config.data.seq_len = config_dict.placeholder(int)
+  # With seq_len None and a model of unknown row length: the most pieces the row length
+  # chosen from the files may take (a protocol's cap: BERT's GLUE runs cut rows at 128).
+  config.data.max_seq_len = AUTO_SEQ_LEN_LIMIT
   # Which field of a row (a column, a JSON key, a tfds feature) holds each input.
   # The text (classify, regress) or a pair's first text; None: 'text' (pair: the
   # first of finetuning/data.py's PAIR_FIELDS a row has; a tfds split without
@@ -133,6 +137,8 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
   t = config.train
   require(config.data.seq_len is None or config.data.seq_len >= 8,
           f'config.data.seq_len={config.data.seq_len} must be at least 8.')
+  require(config.data.max_seq_len >= 8,
+          f'config.data.max_seq_len={config.data.max_seq_len} must be at least 8.')
   for name in ('text_field', 'text_pair_field', 'label_field', 'tokens_field', 'tags_field'):
     value = config.data[name]
     require(value is None or bool(value.strip()),

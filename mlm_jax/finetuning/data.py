@@ -7,7 +7,8 @@ array_record format (data/tfds_source.py), whose features are read as a
 under these names unless `Fields` (config.data.*_field) names others:
 
   classify   text, label (a string or an integer)
-  regress    text, label (a number)
+  regress    text, label (a number); or a pair's two texts as for pair (STS-B's
+             sentence1, sentence2), encoded as a pair
   pair       text_a, text_b (or another pair of PAIR_FIELDS), label; encoded
              [CLS] a [SEP] b [SEP], segment 0 up to the first [SEP], 1 after
              (RoBERTa: <s> a </s></s> b </s>, one segment; see RowFormat)
@@ -16,7 +17,8 @@ under these names unless `Fields` (config.data.*_field) names others:
              piece carries its tag
 
 A tfds split without a 'text' feature gives its only text feature for
-classify and regress. Every problem (a missing or empty field, a label the
+classify and regress (a regress split with a pair of PAIR_FIELDS and no
+'text' reads the pair). Every problem (a missing or empty field, a label the
 training file does not have, a pair without a side, tag lists of other
 lengths, no rows at all, a tfds dataset, split or feature that is not there)
 raises DataError naming the file (split), the line (record) and the field,
@@ -45,6 +47,8 @@ from mlm_jax.data import tokenizer as tok_lib
 TASKS = ('classify', 'pair', 'regress', 'tag')
 # Tasks whose output is one label per input (softmax over labels).
 CLASSIFICATION_TASKS = ('classify', 'pair')
+# Tasks that read a pair of texts: pair always, regress where a row has one (STS-B).
+PAIRED_TASKS = ('pair', 'regress')
 # Field names of a pair's two texts, unless config.data.text_field and text_pair_field
 # name them: the first pair a row (a tfds split's features) uses wins. After ours and
 # Hugging Face's, GLUE's (MRPC, RTE, WNLI; QQP; MNLI; QNLI), so that its tfds splits
@@ -86,9 +90,12 @@ class Fields:
       missing = 'text_pair_field' if self.text_pair is None else 'text_field'
       raise ConfigError(f"task 'pair' reads two texts, and only one is named: set "
                         f'config.data.{missing} too (or neither, for the usual names).')
-    if task != 'pair' and self.text_pair is not None:
-      raise ConfigError(f"config.data.text_pair_field={self.text_pair!r} is for task 'pair' "
-                        f'only, not {task!r}.')
+    if task not in PAIRED_TASKS and self.text_pair is not None:
+      raise ConfigError(f"config.data.text_pair_field={self.text_pair!r} is for tasks 'pair' "
+                        f"and 'regress' only, not {task!r}.")
+    if task == 'regress' and self.text_pair is not None and self.text is None:
+      raise ConfigError("task 'regress' with config.data.text_pair_field reads a pair: name its "
+                        'first text with config.data.text_field too.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,11 +230,21 @@ def _tag_example(path: str, number: int, row: dict[str, Any], labelled: bool,
                                         for i, t in enumerate(tags)])
 
 
+def _regress_pair(row: dict[str, Any], fields: Fields) -> bool:
+  """Whether a regress row is a pair: its fields named as one, else no 'text' but a pair of
+  PAIR_FIELDS (STS-B's sentence1, sentence2)."""
+  if fields.text_pair is not None:
+    return True
+  if fields.text is not None or 'text' in row:
+    return False
+  return any(first in row or second in row for first, second in PAIR_FIELDS)
+
+
 def _example(path: str, task: str, number: int, row: dict[str, Any], labelled: bool,
              fields: Fields) -> Example:
   if task == 'tag':
     return _tag_example(path, number, row, labelled, fields)
-  if task == 'pair':
+  if task == 'pair' or (task == 'regress' and _regress_pair(row, fields)):
     texts = _pair_texts(path, number, row, fields)
   else:
     texts = (_text(path, number, row, fields.text or 'text'),)
@@ -282,7 +299,7 @@ def _tfds_rows(spec: str, task: str, labelled: bool, fields: Fields, data_dir: s
     names = [_feature(split, fields.tokens, 'tokens_field')]
     names += [_feature(split, fields.tags, 'tags_field')] if labelled else []
   else:
-    if task == 'pair':
+    if task == 'pair' or (task == 'regress' and _regress_pair(dict(split.kinds), fields)):
       fields = dataclasses.replace(fields, **_tfds_pair(split, fields))
       names = [fields.text, fields.text_pair]
     else:

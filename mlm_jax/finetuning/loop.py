@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 from absl import logging
 from jax.experimental import multihost_utils
@@ -51,28 +52,85 @@ class TaskData:
 
 
 def finetune(workdir: str | None, out_dir: str, task: str, train_path: str, eval_path: str,
-             config: ml_collections.ConfigDict, *, hf_dir: str | None = None) -> dict[str, Any]:
+             config: ml_collections.ConfigDict, *, hf_dir: str | None = None,
+             pretrained: pretrained_lib.Pretrained | None = None) -> dict[str, Any]:
   """Fine-tunes the pretraining run in `workdir`, or the Hugging Face masked LM in `hf_dir`
-  (exactly one), on `train_path` into `out_dir` (resuming there).
+  (exactly one), or an encoder already loaded (`pretrained`, with neither), on `train_path`
+  into `out_dir` (resuming there).
 
   Evaluates on `eval_path` every plan.eval_every steps and at the end, and
   keeps the parameters of the best evaluation by config.train.best_metric
   in OUT/best (what predict and export load). Returns the step reached, the
-  best evaluation's step (best_step), metric (best_metric) and scores
-  (eval_*); no scores when stopped before any evaluation. One run at a time
-  per `out_dir`: another is refused (lock.WorkdirLockedError).
+  step the run was planned to end at (num_steps), whether a signal stopped it
+  short (stopped), the best evaluation's step (best_step), metric
+  (best_metric) and scores (eval_*); no scores when stopped before any
+  evaluation. One run at a time per `out_dir`: another is refused
+  (lock.WorkdirLockedError).
   """
   out_dir = os.path.abspath(out_dir)
   with lock.hold(out_dir):
-    return _finetune(workdir, out_dir, task, train_path, eval_path, config, hf_dir=hf_dir)
+    return _finetune(workdir, out_dir, task, train_path, eval_path, config, hf_dir=hf_dir,
+                     pretrained=pretrained)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+  """What a run is, once its encoder and files are read: nothing built, nothing written."""
+
+  pretrained: pretrained_lib.Pretrained
+  model_cfg: model_lib.ModelConfig
+  data: TaskData
+  selection: config_lib.Selection
+  classifier_dropout: float
+  record: dict[str, Any]     # model.json's contents.
+  plan: config_lib.Plan
+  train: ml_collections.ConfigDict   # config.train with the plan's values.
+
+
+@dataclasses.dataclass
+class _Started:
+  """A run built and resumed: its mesh, steps, savers, state and the best evaluation so far."""
+
+  mesh: Any
+  built: step_lib.Built
+  checkpointer: checkpoint.Checkpointer
+  best_checkpointer: checkpoint.Checkpointer
+  meta: dict[str, Any]
+  state: Any
+  start_step: int
+  best: dict[str, Any] | None
+  resolved: dict[str, Any]
 
 
 def _finetune(workdir: str | None, out_dir: str, task: str, train_path: str, eval_path: str,
-              config: ml_collections.ConfigDict, *, hf_dir: str | None) -> dict[str, Any]:
+              config: ml_collections.ConfigDict, *, hf_dir: str | None,
+              pretrained: pretrained_lib.Pretrained | None) -> dict[str, Any]:
   start_time, is_main = time.perf_counter(), jax.process_index() == 0
   config_lib.check_config(config, jax.device_count())
-  # ------------------------------------------------ pretrained model, data
-  pretrained = pretrained_lib.load(workdir, hf_dir)
+  if pretrained is None:
+    pretrained = pretrained_lib.load(workdir, hf_dir)
+  setup = _set_up(pretrained, out_dir, task, train_path, eval_path, config)
+  run = _start(setup, out_dir, task, config, is_main)
+  step, stop_signal, best = _train(setup, run, out_dir, task, config, is_main)
+  if stop_signal:
+    logging.warning('Stopped by %s at step %d; checkpoint saved. Run the same command to '
+                    'resume.', stop_signal, step)
+  elif is_main:
+    already = f'(already at step {step}) ' if step == run.start_step else ''
+    print(f'{already}best: {scores.describe(best["step"], best["eval"])}; kept in '
+          f'{model_dir.best_dir(out_dir)} (what predict and export use)', flush=True)
+  out = {'step': step, 'num_steps': setup.plan.num_steps, 'stopped': bool(stop_signal),
+         'wall_time_s': time.perf_counter() - start_time}
+  if best is not None:
+    out |= {'best_step': best['step'], 'best_metric': best['metric'],
+            **{f'eval_{k}': v for k, v in best['eval'].items()}}
+  return out
+
+
+def _set_up(pretrained: pretrained_lib.Pretrained, out_dir: str, task: str, train_path: str,
+            eval_path: str, config: ml_collections.ConfigDict) -> _Setup:
+  """The encoder's config, both files read and checked, the record and plan (nothing built);
+  refuses an `out_dir` holding checkpoints of another task, label set or row length."""
   model_cfg, model_section = _model_config(pretrained, config)
   row_format = model_dir.row_format(pretrained.tokenizer, model_cfg)
   data = read_task_data(task, train_path, eval_path, pretrained, config.data, row_format)
@@ -83,55 +141,84 @@ def _finetune(workdir: str | None, out_dir: str, task: str, train_path: str, eva
                                   classifier_dropout, pretrained.source, pretrained.tokenizer)
   model_dir.check_resumable(out_dir, record)
   plan = config_lib.plan(config.train, len(data.train), model_cfg.hidden_size)
-  train = plan.train_section(config.train)
-  # ----------------------------------------------------------------- build
+  return _Setup(pretrained, model_cfg, data, selection, classifier_dropout, record, plan,
+                plan.train_section(config.train))
+
+
+def _start(setup: _Setup, out_dir: str, task: str, config: ml_collections.ConfigDict,
+           is_main: bool) -> _Started:
+  """Builds the steps on the mesh, resumes (or starts from the encoder), writes OUT's files."""
+  plan, train = setup.plan, setup.train
   mesh = sharding.make_mesh(config.mesh.fsdp)
-  built = step_lib.build(model_cfg, task, record['num_outputs'], classifier_dropout, train,
-                         data.seq_len, config.seed, mesh)
-  # ---------------------------------------------------------------- resume
+  built = step_lib.build(setup.model_cfg, task, setup.record['num_outputs'],
+                         setup.classifier_dropout, train, setup.data.seq_len, config.seed, mesh)
   checkpointer = checkpoint.Checkpointer(model_dir.checkpoint_dir(out_dir), train)
-  meta = model_dir.checkpoint_meta(model_cfg, record)
-  state, start_step = _resume(built, checkpointer, meta, pretrained)
+  meta = model_dir.checkpoint_meta(setup.model_cfg, setup.record)
+  state, start_step = _resume(built, checkpointer, meta, setup.pretrained)
   best = _best_so_far(model_dir.best_dir(out_dir), start_step, is_main)
   # Only the best parameters: the optimizer state is for resuming, which checkpoints/ does.
   best_checkpointer = checkpoint.Checkpointer(
       model_dir.best_dir(out_dir),
       ml_collections.ConfigDict({'checkpoint_every': plan.num_steps + 1, 'keep_checkpoints': 1}))
-  resolved = _resolved_config(config, plan, data, selection)
+  resolved = _resolved_config(config, plan, setup.data, setup.selection)
   if is_main:
-    model_dir.write(out_dir, record, resolved, pretrained.tokenizer)
+    model_dir.write(out_dir, setup.record, resolved, setup.pretrained.tokenizer)
   logging.info('Fine-tuning %s (%s, %d labels) from %s: %d steps of %d rows (%d per epoch), '
                'peak learning rate %.3g, evaluating every %d steps, keeping the best %s',
-               task, model_cfg.variant, record['num_outputs'], pretrained.description,
-               plan.num_steps, train.batch_size, plan.steps_per_epoch, plan.learning_rate,
-               plan.eval_every, selection.metric)
-  # ------------------------------------------------------------------ loop
+               task, setup.model_cfg.variant, setup.record['num_outputs'],
+               setup.pretrained.description, plan.num_steps, train.batch_size,
+               plan.steps_per_epoch, plan.learning_rate, plan.eval_every,
+               setup.selection.metric)
+  return _Started(mesh, built, checkpointer, best_checkpointer, meta, state, start_step, best,
+                  resolved)
+
+
+def _train(setup: _Setup, run: _Started, out_dir: str, task: str,
+           config: ml_collections.ConfigDict, is_main: bool
+           ) -> tuple[int, str | None, dict[str, Any] | None]:
+  """The loop: steps, logs, evaluations (the best kept), checkpoints, until the plan's last
+  step or a signal. Returns (the step reached, the signal's name if one stopped it, the best
+  evaluation)."""
+  plan, train, data, mesh = setup.plan, setup.train, setup.data, run.mesh
+  state, start_step, best = run.state, run.start_step, run.best
   host_batches = batches_lib.TrainBatches(
       data.train.arrays(), train.batch_size, config.seed, start_step=start_step,
       process_index=jax.process_index(), process_count=jax.process_count())
   feed = feed_lib.DeviceFeed(host_batches, mesh)
   log = report_lib.FinetuneLog(
       metrics.MetricsWriter(out_dir, enabled=is_main, tensorboard=train.tensorboard,
-                            hparams=resolved, start_step=start_step),
+                            hparams=run.resolved, start_step=start_step),
       start_step=start_step, num_steps=plan.num_steps, show=is_main,
-      checkpoint_dir=checkpointer.directory)
-  evaluate = functools.partial(_evaluate, built.eval_step, task=task, data=data,
+      checkpoint_dir=run.checkpointer.directory)
+  evaluate = functools.partial(_evaluate, run.built.eval_step, task=task, data=data,
                                batch_size=config.eval.batch_size, mesh=mesh)
 
-  def keep_if_best(step: int, result: dict[str, Any]) -> None:
-    nonlocal best
-    if selection.better(result, best['eval'] if best else None):
-      best = {'step': step, 'metric': selection.metric, 'value': result[selection.metric],
-              'eval': result}
-      best_checkpointer.save(step, state.replace(opt_state={}), {**meta, 'best': best},
-                             force=True)
+  # A best evaluation's parameters are written with the next checkpoint (at every evaluation,
+  # by default), so that every best up to a checkpoint is on disk when a run resumes from it;
+  # until then they wait as a copy (the train step donates the state's buffers).
+  unsaved = None
+
+  def keep_if_best(step: int, result: dict[str, Any], saving: bool) -> None:
+    nonlocal best, unsaved
+    if setup.selection.better(result, best['eval'] if best else None):
+      best = {'step': step, 'metric': setup.selection.metric,
+              'value': result[setup.selection.metric], 'eval': result}
+      kept = state.replace(opt_state={})
+      unsaved = (step, kept if saving else jax.tree_util.tree_map(jnp.copy, kept), best)
+
+  def save_best() -> None:
+    nonlocal unsaved
+    if unsaved is not None:
+      step, kept, record = unsaved
+      run.best_checkpointer.save(step, kept, {**run.meta, 'best': record}, force=True)
+      unsaved = None
 
   stop = preemption.StopRequest(multi_process=jax.process_count() > 1)
   step, stopping = start_step, False
   try:
     with stop:
       while step < plan.num_steps and not stopping:
-        state, step_metrics = built.train_step(state, feed.pop(), built.dropout_rng)
+        state, step_metrics = run.built.train_step(state, feed.pop(), run.built.dropout_rng)
         feed.fill()  # The next batch goes to the devices while this step runs.
         step += 1
         stop.poll(step)
@@ -142,32 +229,24 @@ def _finetune(workdir: str | None, out_dir: str, task: str, train_path: str, eva
         final = step == plan.num_steps or stopping
         if final or step % train.log_every == 0:
           log.write(step)
+        saving = final or run.checkpointer.should_save(step)
         if step == plan.num_steps or step % plan.eval_every == 0:
           result = evaluate(state)
           log.write_eval(step, result)
-          keep_if_best(step, result)
-        if final or checkpointer.should_save(step):
-          checkpointer.save(step, state, meta, force=final)
+          keep_if_best(step, result, saving)
+        if saving:
+          save_best()
+          run.checkpointer.save(step, state, run.meta, force=final)
       if best is None and not stopping:
         # Finished before the best was kept (a directory from before OUT/best): keep the last.
-        keep_if_best(step, evaluate(state))
+        keep_if_best(step, evaluate(state), True)
+        save_best()
   finally:
     log.close()
-    for saver in (checkpointer, best_checkpointer):
+    for saver in (run.checkpointer, run.best_checkpointer):
       saver.wait()
       saver.close()
-  if stopping:
-    logging.warning('Stopped by %s at step %d; checkpoint saved. Run the same command to '
-                    'resume.', stop.signal_name, step)
-  elif is_main:
-    already = f'(already at step {step}) ' if step == start_step else ''
-    print(f'{already}best: {scores.describe(best["step"], best["eval"])}; kept in '
-          f'{model_dir.best_dir(out_dir)} (what predict and export use)', flush=True)
-  out = {'step': step, 'wall_time_s': time.perf_counter() - start_time}
-  if best is not None:
-    out |= {'best_step': best['step'], 'best_metric': best['metric'],
-            **{f'eval_{k}': v for k, v in best['eval'].items()}}
-  return out
+  return step, (stop.signal_name or 'a signal') if stopping else None, best
 
 
 # ---------------------------------------------------------------- helpers
@@ -182,7 +261,7 @@ def read_task_data(task: str, train_path: str, eval_path: str,
   sequence length, the fields to read, the tfds data dir). The sequence
   length: data.seq_len, else the pretraining run's, else (a model of unknown
   row length) the longest row of the two files rounded up to a multiple of
-  8, at most 512.
+  8, at most data.max_seq_len (512) and the position table.
   """
   limit = pretrained.model_cfg.max_position_embeddings
   seq_len = data.seq_len or pretrained.seq_len
@@ -199,7 +278,7 @@ def read_task_data(task: str, train_path: str, eval_path: str,
   if labels is not None and len(labels) < 2:
     raise data_lib.DataError(f'{train_path}: every row has the label {labels[0]!r}; a '
                              'classifier needs at least two.')
-  longest = seq_len or min(limit, config_lib.AUTO_SEQ_LEN_LIMIT)
+  longest = seq_len or min(limit, data.max_seq_len)
   encoded = {}
   for name, path, examples in (('train', train_path, train_examples),
                                ('eval', eval_path, eval_examples)):

@@ -14,11 +14,14 @@ arrays, its tokenizer, and the row length it was trained with when known.
              as org/name@commit; its architecture and shape from its
              config.json, how we run it (attention kernel, remat, ...) from configs/base.py; no
              row length (the data picks one, loop.read_task_data)
+  from_finetuned  a fine-tuned model's encoder (and its head's hidden layer), for
+             a task that starts from another's model (GLUE's RTE from MNLI's)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
@@ -31,6 +34,7 @@ from configs import base
 from mlm_jax import model as model_lib
 from mlm_jax.errors import ConfigError
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.finetuning import model_dir
 from mlm_jax.training import workdir as workdir_lib
 
 
@@ -61,6 +65,32 @@ def from_workdir(workdir: str) -> Pretrained:
                     description=f'{run.workdir} step {run.step}',
                     model_section=run.config.model.to_dict(), model_cfg=run.model_cfg,
                     params=run.params, tokenizer=run.tokenizer, seq_len=run.config.data.seq_len)
+
+
+def from_finetuned(out_dir: str) -> Pretrained:
+  """The encoder of a fine-tuned model (OUT/best), to fine-tune on another task: RoBERTa's
+  and ModernBERT's GLUE protocols start RTE, MRPC and STS-B from the MNLI model.
+
+  The head's hidden layer comes with it, as Hugging Face's
+  `from_pretrained(..., ignore_mismatched_sizes=True)` keeps it from the same
+  file (BERT's pooler, RoBERTa's classifier.dense, ModernBERT's head dense and
+  norm: shapes that do not depend on the labels); the classifier starts
+  fresh. Rows: the length it was fine-tuned with.
+  """
+  model = model_dir.load(out_dir)
+  with open(os.path.join(model.out_dir, model_dir.MODEL_FILE)) as f:
+    record = json.load(f)
+  head = model.params['head']
+  params = {'encoder': model.params['encoder']}
+  if 'pooler' in head:
+    params['sentence_pair'] = {'pooler': head['pooler']}
+  if 'transform' in head:
+    params['mlm_head'] = {'transform': head['transform'], 'layer_norm': head['layer_norm']}
+  return Pretrained(source={'finetuned': model.out_dir, 'step': model.step,
+                            'task': model.task, 'from': record['pretrained']},
+                    description=f'{model.out_dir} step {model.step} (fine-tuned: {model.task})',
+                    model_section=record['model'], model_cfg=model.model_cfg, params=params,
+                    tokenizer=model.tokenizer, seq_len=model.seq_len)
 
 
 def from_hf_dir(hf_dir: str) -> Pretrained:

@@ -11,6 +11,7 @@ host scores (metrics.py).
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -115,8 +116,29 @@ def build(model_cfg: model_lib.ModelConfig, task: str, num_outputs: int,
 
   The model gets the operations of its platform (model_cfg.platform, the
   mesh's); the steps are traced on the mesh (sharding.traced_on), where the
-  activations keep the batch's split.
+  activations keep the batch's split. The same arguments give the same Built
+  within a process (its steps traced once): a sweep fine-tunes many runs of
+  one shape, plan and seed (evaluation/sweep.py), and a Built holds no state.
   """
+  key = (model_cfg, task, num_outputs, classifier_dropout,
+         json.dumps(train.to_dict(), sort_keys=True, default=repr), seq_len, seed, mesh)
+  if key not in _BUILT:
+    if len(_BUILT) >= _BUILT_KEPT:
+      _BUILT.pop(next(iter(_BUILT)))   # The oldest: its programs are released with it.
+    _BUILT[key] = _build(model_cfg, task, num_outputs, classifier_dropout, train, seq_len,
+                         seed, mesh)
+  return _BUILT[key]
+
+
+# Built of this process, by build's arguments; a sweep's cells of one shape, plan and seed
+# reuse them, the oldest dropped past _BUILT_KEPT.
+_BUILT: dict[tuple, Built] = {}
+_BUILT_KEPT = 8
+
+
+def _build(model_cfg: model_lib.ModelConfig, task: str, num_outputs: int,
+           classifier_dropout: float, train: ml_collections.ConfigDict, seq_len: int,
+           seed: int, mesh) -> Built:
   model = fine_tuned_model(model_cfg, task, num_outputs, classifier_dropout,
                            platform_ops.for_platform(model_cfg.platform))
   tx = optimizer.make_optimizer(train)   # For the platform of JAX's backend, where it runs.
