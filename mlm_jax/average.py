@@ -49,7 +49,8 @@ def _ties() -> average.Ties | None:
   if _METHOD.value == 'mean':
     given = [f'--{f.name}' for f in (_BASE, _TRIM, _SCALE) if f.present]
     if given:
-      raise ConfigError(f'{", ".join(given)} go with --method=ties; the mean takes none.')
+      raise ConfigError(f'{", ".join(given)} {"goes" if len(given) == 1 else "go"} with '
+                        '--method=ties; the mean takes none.')
     return None
   if _BASE.value is None:
     raise ConfigError('--method=ties needs --base: the checkpoint the merged runs were trained '
