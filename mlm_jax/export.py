@@ -12,7 +12,9 @@ variant's ForSequenceClassification (classify, pair, regress) or
 ForTokenClassification (tag) with its labels, see mlm_jax/finetuning/classifier_export.py.
 --step picks a checkpoint (default: the latest); --ema writes the run's
 exponential moving average of the parameters (config.train.ema_decay > 0)
-instead of the parameters.
+instead of the parameters. From an embed run (python -m mlm_jax.embed's
+--out, given as --workdir), a sentence-transformers directory, see
+mlm_jax/embedding/st_export.py.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ from absl import flags
 
 from mlm_jax import cli
 from mlm_jax import configuration
+from mlm_jax.embedding import run_dir as embed_run_dir
+from mlm_jax.embedding import st_export
+from mlm_jax.errors import ConfigError
 from mlm_jax.finetuning import classifier_export
 from mlm_jax.training import workdir as workdir_lib
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Workdir of a training run (a masked LM).')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Workdir of a training run (a masked LM), or '
+                               'the --out of an embed run (a sentence-transformers model).')
 _MODEL = flags.DEFINE_string('model', None, 'Output directory of a fine-tuning (--out of '
                              'finetune): a sequence or token classifier.')
 _OUT = flags.DEFINE_string('out', None, 'Directory to write the Hugging Face model to.')
@@ -56,6 +62,14 @@ def main() -> None:
     architecture = classifier_export.architecture(model)
     print(f'exported step {model.step} of {model.out_dir} ({model.task}, '
           f'{len(model.labels or [0])} outputs) as {architecture} to {os.path.abspath(_OUT.value)}')
+    return
+  if embed_run_dir.is_embed_run(_WORKDIR.value):
+    if _EMA.value or _CORRECTION.value:
+      raise ConfigError('--ema and --embedding_correction apply to a masked LM; an embed run '
+                        'exports as a sentence-transformers directory.')
+    embedded = st_export.export(_WORKDIR.value, _OUT.value, _STEP.value)
+    print(f'exported step {embedded.step} of {embedded.out_dir} ({embedded.record["pooling"]} '
+          f'pooling) as a sentence-transformers directory to {os.path.abspath(_OUT.value)}')
     return
   run = workdir_lib.export_hf(_WORKDIR.value, _OUT.value, _STEP.value, _CORRECTION.value,
                               ema=_EMA.value)
