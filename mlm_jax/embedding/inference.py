@@ -35,6 +35,9 @@ from mlm_jax.finetuning import pretrained as pretrained_lib
 from mlm_jax.finetuning import task_eval
 from mlm_jax.runtime import sharding
 
+# Texts tokenized and encoded at a time by `embed` (their rows are all the host holds).
+TEXT_BLOCK = 65_536
+
 
 @dataclasses.dataclass(frozen=True)
 class TextEncoder:
@@ -66,13 +69,19 @@ class TextEncoder:
   def embed(self, texts: Sequence[str], batch_size: int = 64, mesh=None,
             prompt: str = '') -> np.ndarray:
     """[N, d] float32: the vectors of `prompt` + each text, computed on `mesh` (default: every
-    device); `batch_size` texts per batch over all devices (a multiple of the devices)."""
+    device); `batch_size` texts per batch over all devices (a multiple of the devices). With
+    no row length of its own, each block of texts gets its longest text's (padding changes
+    no vector)."""
     mesh = mesh or sharding.make_mesh()
-    rows = self.rows([prompt + t for t in texts])
     apply = _embed_fn(self.model_cfg, self.pooling, mesh)
     params = jax.device_put({'encoder': self.encoder}, sharding.replicated(mesh))
-    return task_eval.all_logits(lambda batch: apply(params, batch), rows.encoded(), batch_size,
-                                mesh)
+    out = [np.zeros((0, self.model_cfg.hidden_size), np.float32)]
+    # A block of texts at a time: the host holds one block's rows, not a whole corpus's.
+    for start in range(0, len(texts), TEXT_BLOCK):
+      rows = self.rows([prompt + t for t in texts[start:start + TEXT_BLOCK]])
+      out.append(task_eval.all_logits(lambda batch: apply(params, batch), rows.encoded(),
+                                      batch_size, mesh))
+    return np.concatenate(out)
 
   def embed_queries(self, texts: Sequence[str], batch_size: int = 64, mesh=None) -> np.ndarray:
     return self.embed(texts, batch_size, mesh, self.query_prompt)

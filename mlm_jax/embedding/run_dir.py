@@ -11,8 +11,9 @@
 
 What must stay true: a rerun in the same directory resumes only with the
 same pooling, row length, prompts, number of negatives, temperature's kind
-and tokenizer (anything else would continue other vectors); `load` gives the
-parameters of a checkpoint with the record that says how to use them.
+and tokenizer (anything else would continue other vectors), and an encoder
+of the same shapes (the checkpoints' meta); `load` gives the parameters of a
+checkpoint with the record that says how to use them.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def check_resumable(out_dir: str, new: dict[str, Any]) -> None:
     return
   with open(path) as f:
     saved = json.load(f)
-  for key in _RESUME_KEYS + ('tokenizer', 'pretrained'):
+  for key in _RESUME_KEYS + ('tokenizer',):
     if saved.get(key) != new[key]:
       raise ckpt_lib.CheckpointMismatchError(
           f'{out_dir} holds checkpoints trained with {key}={saved.get(key)!r}, but this run has '

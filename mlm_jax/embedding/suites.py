@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 from absl import logging
 
@@ -67,6 +68,9 @@ def run_suite(suite: str, *, workdir: str | None, hf_dir: str | None, out_dir: s
   if compare == 'st' and not embed_run:
     raise ConfigError('--compare=st trains the sentence-transformers peer of an embed run: give '
                       '--workdir=OUT of `python -m mlm_jax.embed`.')
+  if not data:
+    raise ConfigError(f'--suite={suite} scores on --data: a BEIR directory (retrieval) or a '
+                      'file of scored sentence pairs (sts).')
   if not os.path.exists(data):
     raise FileNotFoundError(f'--data={data}: no such file or directory.')
   out_dir = os.path.abspath(out_dir)
@@ -94,7 +98,8 @@ def run_suite(suite: str, *, workdir: str | None, hf_dir: str | None, out_dir: s
              'models': {name: row[0] for name, row in rows.items()}}
   if protocol is not None:
     results['peer_protocol'] = protocol
-  _write(out_dir, results)
+  if jax.process_index() == 0:
+    _write(out_dir, results)
   return results
 
 
