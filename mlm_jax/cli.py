@@ -21,24 +21,24 @@ from collections.abc import Callable
 from typing import Any
 from typing import NoReturn
 
-import ml_collections
 from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from mlm_jax import configuration
 from mlm_jax import errors
+from mlm_jax.config import run_plan
 from mlm_jax.runtime import backend
 from mlm_jax.runtime import host_malloc
 
 
-def config_flag(required: bool = True) -> flags.FlagHolder:
-  """--config=FILE (a configs/*.py file), with --config.a.b=value overrides."""
+def config_flag(required: bool = True, default: str | None = None) -> flags.FlagHolder:
+  """--config=FILE (a configs/*.py file), with --config.a.b=value overrides; `default`: the
+  file read when none is given (a path from the repository's root)."""
   holder = config_flags.DEFINE_config_file(
-      'config', None, 'Experiment config file (e.g. configs/base.py); override any field '
+      'config', default, 'Experiment config file (e.g. configs/base.py); override any field '
       'with --config.a.b=value.', lock_config=True)
-  if required:
+  if required and default is None:
     flags.mark_flags_as_required(['config'])
   _CONFIG_FILE_FLAGS.append(holder.name)
   return holder
@@ -68,11 +68,13 @@ def overrides(holder: flags.FlagHolder) -> list[str]:
   return list(config_flags.get_override_values(flags.FLAGS[holder.name]))
 
 
-def resolved_config(holder: flags.FlagHolder,
-                    num_devices: int | None) -> ml_collections.ConfigDict:
-  """The --config of the command line as the run uses it (configuration.resolve): checked once,
-  a checkpoint's architecture filled in; the command hands it to the library."""
-  return configuration.resolve(holder.value, num_devices, overrides(holder))
+def resolved_config(holder: flags.FlagHolder, num_devices: int | None,
+                    workdir: str | None = None) -> run_plan.RunPlan:
+  """The --config of the command line as the run uses it (run_plan.resolve): checked once, a
+  checkpoint's architecture filled in, planned; the command hands it to the library.
+  `workdir`: the run's directory, for a command that trains (it names the later phases'
+  tokenizer)."""
+  return run_plan.resolve(holder.value, num_devices, overrides(holder), workdir)
 
 
 class _OwnInfoOnly:

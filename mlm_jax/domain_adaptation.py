@@ -6,7 +6,9 @@ trained by transformers on the standard library's docstrings, saved in the
 hub's layout) continued on the docstrings of numpy and scipy, beside a
 from-scratch run with the same tokenizer and steps, and fine-tuned on a
 domain task before and after. Each stage is kept in DIR and reused when the
-command runs again. See mlm_jax/analysis/domain_adaptation.py.
+command runs again. The model's shape and recipe are --config's
+(configs/domain_adaptation.py unless given). See
+mlm_jax/analysis/domain_adaptation.py.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import sys
 from absl import flags
 
 from mlm_jax import cli
-from mlm_jax import configuration
 from mlm_jax.analysis import domain_adaptation
+from mlm_jax.errors import ConfigError
 
+_CONFIG = cli.config_flag(default='configs/domain_adaptation.py')
 _OUT = flags.DEFINE_string('out', None, 'Directory for the corpora, models, runs and figures.')
 flags.mark_flags_as_required(['out'])
 _GENERAL_STEPS = flags.DEFINE_integer('general_steps', 2000,
@@ -36,10 +39,11 @@ def main() -> None:
   try:
     rates = [float(r) for r in _LEARNING_RATES.value]
   except ValueError:
-    raise configuration.ConfigError(f'--learning_rates={",".join(_LEARNING_RATES.value)}: '
+    raise ConfigError(f'--learning_rates={",".join(_LEARNING_RATES.value)}: '
                                     'numbers, e.g. --learning_rates=1e-4,3e-4') from None
   result = domain_adaptation.run(_OUT.value, general_steps=_GENERAL_STEPS.value,
                                  domain_steps=_DOMAIN_STEPS.value, learning_rates=rates,
+                                 config=_CONFIG.value,
                                  log=lambda s: print(s, file=sys.stderr, flush=True))
   result['command'] = shlex.join(['python', '-m', 'mlm_jax.domain_adaptation', *sys.argv[1:]])
   path = os.path.join(os.path.abspath(_OUT.value), 'result.json')

@@ -24,7 +24,6 @@ import os
 from absl import flags
 
 from mlm_jax import cli
-from mlm_jax import configuration
 from mlm_jax.embedding import run_dir as embed_run_dir
 from mlm_jax.embedding import st_export
 from mlm_jax.errors import ConfigError
@@ -53,10 +52,10 @@ _EMA = flags.DEFINE_bool('ema', False, "Export the run's moving average of the p
 def main() -> None:
   if _MODEL.value:
     if _EMA.value:
-      raise configuration.ConfigError('--ema applies to a masked LM (--workdir), not to a '
+      raise ConfigError('--ema applies to a masked LM (--workdir), not to a '
                                       'fine-tuned model (--model).')
     if _CORRECTION.value:
-      raise configuration.ConfigError('--embedding_correction applies to a masked LM (--workdir), not to a '
+      raise ConfigError('--embedding_correction applies to a masked LM (--workdir), not to a '
                        'fine-tuned model (--model).')
     model = classifier_export.export(_MODEL.value, _OUT.value, _STEP.value)
     architecture = classifier_export.architecture(model)

@@ -22,7 +22,7 @@ import sys
 from absl import flags
 
 from mlm_jax import cli
-from mlm_jax import phases
+from mlm_jax.config import phases
 from mlm_jax.perf import preflight
 from mlm_jax.perf import targets
 

@@ -28,6 +28,7 @@ import time
 from absl import flags
 
 from mlm_jax import cli
+from mlm_jax.config import fields
 from mlm_jax.data import prepare
 from mlm_jax.runtime import cores
 
@@ -44,7 +45,7 @@ _BEAM_OPTIONS = flags.DEFINE_string(
 
 
 def main() -> None:
-  config = cli.resolved_config(_CONFIG, num_devices=None)
+  config = cli.resolved_config(_CONFIG, num_devices=None).config
   if _TFDS_EXPORT.value:
     config.data.tfds_export = True  # Neither in the fingerprint nor checked: the rows are the same.
   beam_options = None
@@ -54,7 +55,7 @@ def main() -> None:
         '--runner=DirectRunner', f'--direct_num_workers={workers}',
         '--direct_running_mode=multi_processing']
   start = time.perf_counter()
-  data = prepare.prepare(config, beam_options)
+  data = prepare.prepare(*fields.data_request(config), beam_options)
   print(f'Data dir: {data.data_dir} (ready after {time.perf_counter() - start:.1f} s)',
         flush=True)
   if config.data.tfds_export:

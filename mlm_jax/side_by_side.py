@@ -19,8 +19,8 @@ import sys
 from absl import flags
 
 from mlm_jax import cli
-from mlm_jax import configuration
 from mlm_jax.analysis import side_by_side
+from mlm_jax.errors import ConfigError
 
 _CONFIG = cli.config_flag()
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for both systems\' runs, one '
@@ -33,7 +33,7 @@ def main() -> None:
   try:
     seeds = [int(s) for s in _SEEDS.value]
   except ValueError:
-    raise configuration.ConfigError(
+    raise ConfigError(
         f'--seeds={",".join(_SEEDS.value)}: seeds are integers, e.g. --seeds=0,1,2.') from None
   result = side_by_side.run(_CONFIG.value, _WORKDIR.value, seeds,
                             log=lambda s: print(s, file=sys.stderr, flush=True))

@@ -34,11 +34,11 @@ flags.register_multi_flags_validator(
 
 def main() -> None:
   sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  config = cli.resolved_config(_CONFIG, num_devices=jax.device_count())
+  run = cli.resolved_config(_CONFIG, num_devices=jax.device_count(), workdir=_WORKDIR.value)
   if _EVAL_ONLY.value:
-    loop.evaluate_start(config)
+    loop.evaluate_start(run.config)
     return
-  loop.train_and_evaluate(config, _WORKDIR.value)
+  loop.train_and_evaluate(run, _WORKDIR.value)
 
 
 if __name__ == '__main__':

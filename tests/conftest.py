@@ -22,6 +22,7 @@ import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 
+from mlm_jax.config import fields
 from mlm_jax.data import corpus  # noqa: E402
 
 
@@ -69,13 +70,13 @@ def micro_config(corpus_glob: str, data_dir: str):
 
 def run_training(config, workdir: str, overrides=()) -> dict:
   """Trains as `python -m mlm_jax.train` does: the config resolved once for this process's
-  devices (configuration.resolve), then handed to the loop; returns the run's summary."""
+  devices and planned (run_plan.resolve), then handed to the loop; returns the run's summary."""
   import jax
 
-  from mlm_jax import configuration
+  from mlm_jax.config import run_plan
   from mlm_jax.training import loop
-  resolved = configuration.resolve(config, jax.device_count(), overrides)
-  return loop.train_and_evaluate(resolved, workdir)
+  run = run_plan.resolve(config, jax.device_count(), overrides, workdir)
+  return loop.train_and_evaluate(run, workdir)
 
 
 def as_modern(config):
@@ -90,7 +91,7 @@ def as_modern(config):
 def prepared(corpus_glob, tmp_path_factory):
   from mlm_jax.data import prepare
   config = micro_config(corpus_glob, str(tmp_path_factory.mktemp('data') / 'micro'))
-  return config, prepare.prepare(config)
+  return config, prepare.prepare(*fields.data_request(config))
 
 
 @pytest.fixture(scope='session')

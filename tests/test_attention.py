@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import base
-from mlm_jax import saved_config
+from mlm_jax.config import saved
 from mlm_jax import model as model_lib
 from mlm_jax.errors import ConfigError
 from mlm_jax.data import masking
@@ -177,10 +177,10 @@ def test_the_plan_names_every_kind_of_call():
 
 @pytest.mark.parametrize('old, new', [('xla', 'dense'), ('dot_product', 'jax_xla')])
 def test_a_run_saved_with_an_old_kernel_name_reads_as_the_new_one(old, new):
-  saved = base.get_config().to_dict()
-  saved['model'] |= {'attention': old, 'attention_dropout_rate': 0.0, 'variant': 'modern'}
-  saved['resolved'] = {'vocab_size': 60, 'padded_vocab_size': 128}
-  config = saved_config.read(saved, 'run/config.json')
+  run = base.get_config().to_dict()
+  run['model'] |= {'attention': old, 'attention_dropout_rate': 0.0, 'variant': 'modern'}
+  run['resolved'] = {'vocab_size': 60, 'padded_vocab_size': 128}
+  config = saved.read(run, 'run/config.json')
   read = lambda model: model_lib.ModelConfig.from_config(model, 60, 128, jnp.bfloat16,
                                                          platform='tpu')
   cfg = read(config.model)

@@ -9,6 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from mlm_jax.config import fields
 from mlm_jax.training import optimizer
 
 
@@ -69,14 +70,14 @@ def test_stable_adamw_matches_the_formula():
 
 def test_bad_optimizer_and_ema_decay_are_one_line_errors():
   from configs import base
-  from mlm_jax import training_config
+  from mlm_jax.config import train_checks
   from mlm_jax.errors import ConfigError
   for field, value, words in (('optimizer', 'lion', "'adamw' or 'stable_adamw'"),
                               ('ema_decay', 1.0, 'must be in [0, 1)')):
     train = base.get_config().train
     train[field] = value
     with pytest.raises(ConfigError, match=None) as error:
-      training_config.check_train(train)
+      train_checks.check_train(train)
     assert words in str(error.value) and '\n' not in str(error.value)
 
 
@@ -136,18 +137,18 @@ def test_ema_is_evaluated_checkpointed_and_exported(ema_run, tmp_path):
 
 def test_ema_survives_a_resume_bit_for_bit(ema_run, tmp_path):
   """The state a resumed run starts from holds exactly the average that was saved."""
-  from mlm_jax import configuration
+  from mlm_jax.config import run_plan
   from mlm_jax.training import build as build_lib
   from mlm_jax.training import checkpoint
   from mlm_jax.runtime import sharding
   from mlm_jax.training import workdir as workdir_lib
   config, workdir = ema_run
   run = workdir_lib.load(workdir)
-  resolved = configuration.resolve(config, jax.device_count(), ())
+  resolved = run_plan.resolve(config, jax.device_count(), ()).config
   built = build_lib.build(resolved, run.model_cfg.vocab_size, sharding.make_mesh(1))
   checkpointer = checkpoint.Checkpointer(workdir_lib.checkpoint_dir(workdir), resolved.train)
   try:
-    state, step = checkpointer.restore_latest(built.abstract_state, run.model_cfg.shape_record())
+    state, step = checkpointer.restore_latest(built.abstract_state, fields.shape_record(run.model_cfg))
   finally:
     checkpointer.close()
   _, saved, _ = checkpoint.restore_params(workdir_lib.checkpoint_dir(workdir), step, 'ema_params')
@@ -207,7 +208,7 @@ def test_runs_of_different_shapes_are_refused(ema_run, tmp_path):
   (other / 'config.json').write_text(json.dumps(saved))
   run = workdir_lib.load(workdir)
   checkpoint.save_weights(workdir_lib.checkpoint_dir(str(other)), 8, run.params,
-                          run.model_cfg.shape_record() | {'num_heads': 4})
+                          fields.shape_record(run.model_cfg) | {'num_heads': 4})
   with pytest.raises(average.ConfigError, match='another shape') as error:
     average.average_runs([workdir, str(other)], str(tmp_path / 'out'))
   assert 'num_heads: 2 vs 4' in str(error.value) and '\n' not in str(error.value)

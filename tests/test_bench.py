@@ -16,9 +16,9 @@ import pytest
 
 from configs import base
 from configs import bert_tiny
-from mlm_jax import configuration as config_lib
 from mlm_jax import model as model_lib
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.errors import ConfigError
 from mlm_jax.model import flops as flops_lib
 from mlm_jax.perf import bench
 from mlm_jax.perf import hf_peer
@@ -198,7 +198,7 @@ def test_torch_compile_that_cannot_run_is_a_note(monkeypatch):
   report = bench.format_report(result)
   assert note in report.splitlines() and 'mlm_jax / HF eager tokens/s' in report
   assert result['ratio_tokens_per_sec'] > 0 and result['host']['summary'] in report
-  with pytest.raises(config_lib.ConfigError, match='--compare=hf'):
+  with pytest.raises(ConfigError, match='--compare=hf'):
     bench.run_benchmark(config, hf_compile=True)
 
 
@@ -213,7 +213,7 @@ def test_without_a_known_peak_mfu_is_na():
   assert result['ours']['tokens_per_sec'] > 0
   assert len(result['ours']['step_time_s']['windows']) == 3
   assert 'MFU' in bench.format_report(result) and 'n/a' in bench.format_report(result)
-  with pytest.raises(config_lib.ConfigError, match='--steps=0'):
+  with pytest.raises(ConfigError, match='--steps=0'):
     bench.run_benchmark(config, steps=0)
 
 

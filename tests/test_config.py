@@ -10,7 +10,9 @@ import pytest
 
 from configs import base
 from configs import large
-from mlm_jax import configuration as config_lib
+from mlm_jax.config import checks
+from mlm_jax.config import run_plan
+from mlm_jax.errors import ConfigError
 from mlm_jax.runtime import platform_ops
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / 'configs'
@@ -20,7 +22,7 @@ CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / 'configs'
 def test_shipped_configs_are_valid(path):
   # Every file in configs/, so that a new experiment is checked without being listed here.
   module = importlib.import_module(f'configs.{path.stem}')
-  config_lib.validate(module.get_config(), num_devices=8)
+  checks.validate(module.get_config(), num_devices=8)
 
 
 def test_base_and_large_shapes():
@@ -64,27 +66,27 @@ def test_invalid_values_name_the_field(field, value, words):
   config = base.get_config()
   section, name = field.split('.')
   config[section][name] = value
-  with pytest.raises(config_lib.ConfigError) as err:
-    config_lib.validate(config, num_devices=8)
+  with pytest.raises(ConfigError) as err:
+    checks.validate(config, num_devices=8)
   assert words in str(err.value)
 
 
 def test_one_cycle_needs_its_peak_inside_the_run():
   config = base.get_config()
   config.train.schedule = 'one_cycle'
-  config_lib.validate(config, num_devices=8)
+  checks.validate(config, num_devices=8)
   config.train.num_steps = config.train.warmup_steps
-  with pytest.raises(config_lib.ConfigError,
+  with pytest.raises(ConfigError,
                      match=r"'one_cycle' needs warmup_steps=10000 < num_steps=10000"):
-    config_lib.validate(config, num_devices=8)
+    checks.validate(config, num_devices=8)
 
 
 def test_batch_must_divide_over_devices():
   config = base.get_config()
   config.train.batch_size = 12
-  with pytest.raises(config_lib.ConfigError, match=r'config.train.batch_size=12 is not divisible by the 8 devices'):
-    config_lib.validate(config, num_devices=8)
-  config_lib.validate(config, num_devices=4)
+  with pytest.raises(ConfigError, match=r'config.train.batch_size=12 is not divisible by the 8 devices'):
+    checks.validate(config, num_devices=8)
+  checks.validate(config, num_devices=4)
 
 
 def test_train_compiler_options_single_threaded_eigen_with_cpu_chains_only():
@@ -108,11 +110,11 @@ def test_concurrent_chains_auto_and_explicit():
   config.train.batch_size = 16
   config.train.concurrent_chains = 4
   assert platform_ops.concurrent_chains(config.train, num_devices=8) == 4
-  with pytest.raises(config_lib.ConfigError, match=r'x concurrent_chains=4; use a multiple of 32'):
-    config_lib.validate(config, num_devices=8)
+  with pytest.raises(ConfigError, match=r'x concurrent_chains=4; use a multiple of 32'):
+    checks.validate(config, num_devices=8)
   config.train.concurrent_chains = -1
-  with pytest.raises(config_lib.ConfigError, match=r'config.train.concurrent_chains=-1'):
-    config_lib.validate(config, num_devices=1)
+  with pytest.raises(ConfigError, match=r'config.train.concurrent_chains=-1'):
+    checks.validate(config, num_devices=1)
 
 
 def _bert_dir(directory: pathlib.Path, table: int, words: int) -> str:
@@ -138,15 +140,15 @@ def test_resolve_checks_the_final_config_once_and_reads_the_tokenizer_once(tmp_p
   from configs import tiny
   from mlm_jax.data import tokenizer as tok_lib
   checked, read = [], []
-  validate, from_path = config_lib.validate, tok_lib.hf_tokenizer.HFTokenizer.from_path
-  monkeypatch.setattr(config_lib, 'validate', lambda c, **k: checked.append(c) or validate(c, **k))
+  validate, from_path = checks.validate, tok_lib.hf_tokenizer.HFTokenizer.from_path
+  monkeypatch.setattr(checks, 'validate', lambda c, **k: checked.append(c) or validate(c, **k))
   monkeypatch.setattr(tok_lib.hf_tokenizer.HFTokenizer, 'from_path',
                       lambda path: read.append(path) or from_path(path))
   config = tiny.get_config()
-  assert config_lib.resolve(config, 1) is config and len(checked) == 1
+  assert run_plan.resolve(config, 1).config is config and len(checked) == 1
   checked.clear()
   config.init.hf_dir = _bert_dir(tmp_path / 'bert', table=400, words=300)
-  resolved = config_lib.resolve(config, 1)
+  resolved = run_plan.resolve(config, 1).config
   # Checked once, as the run will use it: the checkpoint's architecture, its tokenizer.
   assert checked == [resolved] and resolved.model.variant == 'bert'
   assert (resolved.model.num_layers, resolved.model.vocab_size) == (2, 400)
@@ -159,9 +161,9 @@ def test_a_tokenizer_larger_than_the_checkpoints_table_is_refused_in_one_line(tm
   from configs import tiny
   config = tiny.get_config()
   config.init.hf_dir = _bert_dir(tmp_path / 'bert', table=400, words=450)
-  with pytest.raises(config_lib.ConfigError, match=r'has 450 ids but the checkpoint\'s embedding '
+  with pytest.raises(ConfigError, match=r'has 450 ids but the checkpoint\'s embedding '
                                                    r'table only 400 rows'):
-    config_lib.resolve(config, 1)
+    run_plan.resolve(config, 1)
 
 
 @pytest.mark.parametrize('table,tokenizer,rows,padded', [
@@ -174,3 +176,31 @@ def test_one_vocabulary_rule_sizes_every_table(table, tokenizer, rows, padded):
   from mlm_jax.data import tokenizer as tok_lib
   assert tok_lib.model_vocab_size(table, tokenizer) == rows
   assert tok_lib.padded_vocab_size(rows) == padded
+
+
+def test_the_field_table_names_every_field_of_the_config_once():
+  """config/fields.py has a row for each field of configs/base.py, and no other: every list of
+  fields (a checkpoint's, a phase's, the shape record, saved runs' old values) reads it."""
+  from configs import base
+  from mlm_jax.config import fields
+
+  def names(d, prefix=''):
+    return [n for k, v in d.items() for n in (
+        names(v, f'{prefix}{k}.') if isinstance(v, dict) else [prefix + k])]
+  assert sorted(fields.names()) == sorted(names(base.get_config().to_dict()))
+  for section in fields.TABLE.values():
+    for row in section.values():
+      assert row.role in fields.ROLES and (row.modern is None or row.modern in fields.ROLES)
+  # What the field table derives, as the checks use it.
+  assert fields.checkpoint_fields('bert')['max_position_embeddings'] == fields.DECIDES
+  assert fields.checkpoint_fields('modern')['max_position_embeddings'] == fields.SUGGESTS
+  assert 'scan_layers' not in fields.checkpoint_fields('bert')
+  rules = fields.phase_rules('modern')
+  for name in ('model.layer_norm_eps', 'model.local_attention', 'model.global_attn_every_n_layers',
+               'model.hidden_size', 'tokenizer.kind', 'seed', 'mesh.fsdp'):
+    assert rules[name] == fields.FIXED, name
+  assert 'model.max_position_embeddings' not in rules
+  assert fields.phase_rules('bert')['model.max_position_embeddings'] == fields.FIXED
+  assert rules['train.optimizer'] == fields.WITH_FRESH_OPTIMIZER
+  data = base.get_config().data
+  assert 'num_workers' not in fields.rows_key(data) and 'seq_len' in fields.rows_key(data)

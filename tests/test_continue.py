@@ -18,8 +18,9 @@ import shutil
 import numpy as np
 import pytest
 
-from mlm_jax import configuration
+from mlm_jax.config import run_plan
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.errors import ConfigError
 from mlm_jax.training import checkpoint
 from tests import published
 from tests.conftest import micro_config
@@ -174,14 +175,14 @@ def test_context_extension_of_a_published_modernbert(texts, corpus_glob, tmp_pat
   config.train.num_steps = 2
   config.train.warmup_steps = 4        # Learning rate 0 at step 1: weights as published.
   config.train.eval_every = config.train.checkpoint_every = 1
-  with pytest.raises(configuration.ConfigError, match=r'max_position_embeddings=128'):
-    configuration.resolve(config, 8)   # Rotary: the message says how to extend.
+  with pytest.raises(ConfigError, match=r'max_position_embeddings=128'):
+    run_plan.resolve(config, 8)   # Rotary: the message says how to extend.
   config.model.max_position_embeddings = 128
   config.model.global_rope_theta = 160_000.0
   config.model.document_mask = True
   overrides = ['data.seq_len', 'model.max_position_embeddings', 'model.global_rope_theta',
                'model.document_mask']
-  resolved = configuration.resolve(config, 8, overrides=overrides)
+  resolved = run_plan.resolve(config, 8, overrides=overrides).config
   assert resolved.model.global_rope_theta == 160_000.0 and resolved.model.local_rope_theta == 10_000
   run_training(config, str(tmp_path / 'run'), overrides)
   with open(tmp_path / 'run' / 'config.json') as f:
@@ -206,17 +207,17 @@ def test_the_rotary_base_is_the_recipes_and_a_bert_table_is_not_extended(bert_di
   config.data.seq_len = 128
   config.model.max_position_embeddings = 128
   config.masking.max_predictions = 20
-  with pytest.raises(configuration.ConfigError, match='max_position_embeddings=128 contradicts'):
-    configuration.resolve(config, 8, overrides=['model.max_position_embeddings'])
-  with pytest.raises(configuration.ConfigError, match='position table has that many rows'):
-    configuration.resolve(config, 8)
+  with pytest.raises(ConfigError, match='max_position_embeddings=128 contradicts'):
+    run_plan.resolve(config, 8, overrides=['model.max_position_embeddings'])
+  with pytest.raises(ConfigError, match='position table has that many rows'):
+    run_plan.resolve(config, 8)
 
 
 # ------------------------------------------------------------------ bad input
 
 
 def _refused(config, tmp_path, match: str) -> None:
-  with pytest.raises(configuration.ConfigError, match=match) as e:
+  with pytest.raises(ConfigError, match=match) as e:
     run_training(config, str(tmp_path / 'run'))
   assert '\n' not in str(e.value)
   assert not os.path.exists(tmp_path / 'data'), 'refused after preparing data'
@@ -230,10 +231,10 @@ def bert_dir(texts, tmp_path_factory) -> str:
 def test_a_contradicting_override_is_named(bert_dir, corpus_glob, tmp_path):
   config = _config(corpus_glob, str(tmp_path / 'data'), bert_dir)
   config.model.num_layers = 7
-  with pytest.raises(configuration.ConfigError, match=r'config.model.num_layers=7 contradicts'):
-    configuration.resolve(config, 8, overrides=['model.num_layers'])
+  with pytest.raises(ConfigError, match=r'config.model.num_layers=7 contradicts'):
+    run_plan.resolve(config, 8, overrides=['model.num_layers'])
   # From the config file (not the command line), the checkpoint's value is taken.
-  assert configuration.resolve(config, 8).model.num_layers == 2
+  assert run_plan.resolve(config, 8).config.model.num_layers == 2
 
 
 def test_seq_len_above_the_positions_is_refused(bert_dir, corpus_glob, tmp_path):
@@ -297,7 +298,7 @@ def test_a_pytorch_bin_needing_more_than_tensors_is_refused(bert_dir, corpus_glo
   import subprocess
   import sys
   bare = as_pytorch_bin(bert_dir, str(tmp_path / 'bin'), {'args': argparse.Namespace(lr=1e-4)})
-  with pytest.raises(configuration.ConfigError, match='holds more than tensors') as e:
+  with pytest.raises(ConfigError, match='holds more than tensors') as e:
     run_training(_config(corpus_glob, str(tmp_path / 'data'), bare), str(tmp_path / 'run'))
   assert '\n' not in str(e.value) and not os.path.exists(tmp_path / 'data')
   command = str(e.value).split('with that file: ', 1)[1].replace('OUT_DIR', str(tmp_path / 'out'))
@@ -307,8 +308,8 @@ def test_a_pytorch_bin_needing_more_than_tensors_is_refused(bert_dir, corpus_glo
     if name != 'model.safetensors':
       with open(os.path.join(bert_dir, name), 'rb') as a, open(tmp_path / 'out' / name, 'rb') as b:
         assert a.read() == b.read(), name
-  assert configuration.resolve(_config(corpus_glob, str(tmp_path / 'data'), str(tmp_path / 'out')),
-                               8).model.num_layers == 2
+  assert run_plan.resolve(_config(corpus_glob, str(tmp_path / 'data'), str(tmp_path / 'out')),
+                          8).config.model.num_layers == 2
 
 
 @pytest.mark.parametrize('kind', ['truncated safetensors', 'truncated bin', 'corrupt bin'])
@@ -343,7 +344,7 @@ def test_a_hub_id_resolves_from_the_cache_offline_and_is_pinned(bert_dir, corpus
   _offline_cache(monkeypatch, str(tmp_path / 'hf'))
   revision = as_hub_cache(str(tmp_path / 'hf'), 'example-org/bert-mini', bert_dir)
   for hf_dir in ('example-org/bert-mini', f'example-org/bert-mini@{revision}'):
-    resolved = configuration.resolve(_config(corpus_glob, str(tmp_path / 'data'), hf_dir), 8)
+    resolved = run_plan.resolve(_config(corpus_glob, str(tmp_path / 'data'), hf_dir), 8).config
     # The run's config.json records the commit the id resolved to.
     assert resolved.init.hf_dir == f'example-org/bert-mini@{revision}'
     assert resolved.model.num_layers == 2 and resolved.model.vocab_size == 400
@@ -355,8 +356,8 @@ def test_a_hub_id_resolves_from_the_cache_offline_and_is_pinned(bert_dir, corpus
   # A local directory of the same name wins over the hub id.
   monkeypatch.chdir(tmp_path)
   shutil.copytree(bert_dir, tmp_path / 'example-org' / 'bert-mini')
-  resolved = configuration.resolve(_config(corpus_glob, str(tmp_path / 'data'),
-                                           'example-org/bert-mini'), 8)
+  resolved = run_plan.resolve(_config(corpus_glob, str(tmp_path / 'data'),
+                                      'example-org/bert-mini'), 8).config
   assert resolved.init.hf_dir == 'example-org/bert-mini'
 
 
@@ -368,7 +369,7 @@ def test_a_hub_id_not_cached_offline_names_the_download(bert_dir, corpus_glob, t
   _refused(_config(corpus_glob, str(tmp_path / 'data'), './no/such'), tmp_path,
            'no such directory, nor a hub id')
   from mlm_jax.finetuning import pretrained
-  with pytest.raises(configuration.ConfigError, match='hf download example-org/absent'):
+  with pytest.raises(ConfigError, match='hf download example-org/absent'):
     pretrained.from_hf_dir('example-org/absent')
 
 

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from mlm_jax.config import fields
 from mlm_jax.data import corpus
 from mlm_jax.data import line_sample
 from mlm_jax.data import masking
@@ -82,25 +83,25 @@ def test_prepare_is_reused_and_guards_other_data(prepared, tmp_path):
   config, data = prepared
   model_file = os.path.join(data.data_dir, 'tokenizer.model')
   mtime = os.stat(model_file).st_mtime_ns
-  again = prepare.prepare(config)
+  again = prepare.prepare(*fields.data_request(config))
   assert again.data_dir == data.data_dir
   assert os.stat(model_file).st_mtime_ns == mtime  # Not retrained.
   # What training's other processes do: read it, never prepare it.
-  assert prepared_lib.load_prepared(config).data_dir == data.data_dir
+  assert prepared_lib.load_prepared(*fields.data_request(config)).data_dir == data.data_dir
   with pytest.raises(prepared_lib.DataDirError, match='prepare it first'):
-    prepared_lib.load_prepared(micro_config(config.data.corpus, str(tmp_path / 'none')))
+    prepared_lib.load_prepared(*fields.data_request(micro_config(config.data.corpus, str(tmp_path / 'none'))))
   # Same data dir, other settings: refused, nothing touched.
   other = micro_config(config.data.corpus, data.data_dir)
   other.tokenizer.vocab_size = 700
   with pytest.raises(prepared_lib.DataDirError, match='tokenizer'):
-    prepare.prepare(other)
+    prepare.prepare(*fields.data_request(other))
   assert os.stat(model_file).st_mtime_ns == mtime
   # A non-empty directory that is not ours: refused, its files kept.
   foreign = tmp_path / 'mine'
   foreign.mkdir()
   (foreign / 'notes.txt').write_text('keep me')
   with pytest.raises(prepared_lib.DataDirError, match='not empty'):
-    prepare.prepare(micro_config(config.data.corpus, str(foreign)))
+    prepare.prepare(*fields.data_request(micro_config(config.data.corpus, str(foreign))))
   assert (foreign / 'notes.txt').read_text() == 'keep me'
 
 
@@ -109,7 +110,7 @@ def test_empty_corpus_is_a_clear_error_and_leaves_no_partial_dir(tmp_path):
   data_dir = tmp_path / 'data'
   config = micro_config(str(tmp_path / 'empty.txt'), str(data_dir))
   with pytest.raises((corpus.CorpusError, RuntimeError), match='no usable text|empty|Vocabulary'):
-    prepare.prepare(config)
+    prepare.prepare(*fields.data_request(config))
   assert not data_dir.exists()
   assert not [p for p in os.listdir(tmp_path) if 'partial' in p]
 
@@ -174,13 +175,13 @@ def test_an_existing_tokenizer_is_used_instead_of_training_one(prepared, tmp_pat
   other = micro_config(config.data.corpus, str(tmp_path / 'data'))
   other.tokenizer.model_file = os.path.join(data.data_dir, 'tokenizer.model')
   other.tokenizer.vocab_size = 9999  # Ignored: the model file decides.
-  reused = prepare.prepare(other)
+  reused = prepare.prepare(*fields.data_request(other))
   assert reused.data_dir != data.data_dir
   assert reused.tokenizer.model_proto == data.tokenizer.model_proto
   # Keyed by the file's sha256 under the name earlier versions gave it: their data dirs stay.
   with open(other.tokenizer.model_file, 'rb') as f:
     digest = hashlib.sha256(f.read()).hexdigest()
-  assert prepared_lib.fingerprint(other.data, other.tokenizer)['tokenizer'] == {
+  assert prepared_lib.fingerprint(fields.rows_key(other.data), other.tokenizer)['tokenizer'] == {
       'model_file_sha256': digest}
   np.testing.assert_array_equal(reused.unigram_counts, data.unigram_counts)
 
@@ -212,7 +213,7 @@ def test_tokenizer_training_sees_all_of_a_long_line(tmp_path, monkeypatch):
     return train(sentence_iterator=iter(fed), **kwargs)
 
   monkeypatch.setattr(sp_tokenizer.spm.SentencePieceTrainer, 'train', recording_train)
-  data = prepare.prepare(config)
+  data = prepare.prepare(*fields.data_request(config))
   assert all(len(s.encode()) <= line_sample.MAX_SENTENCE_BYTES for s in fed)
   pieces = [s for s in fed if 'long document' in s or 'zorbleflux' in s]
   assert len(pieces) > 4 and ''.join(pieces) == long_doc

@@ -24,6 +24,7 @@ from configs import base
 from mlm_jax import model as model_lib  # noqa: E402
 from mlm_jax.analysis import fill_mask  # noqa: E402
 from mlm_jax.data import sp_tokenizer  # noqa: E402
+from mlm_jax.errors import ConfigError
 from mlm_jax.interop import mlm_export as export_lib  # noqa: E402
 from mlm_jax.interop import hf  # noqa: E402
 from mlm_jax.training import checkpoint  # noqa: E402
@@ -320,7 +321,6 @@ def test_training_continues_from_an_exported_model(exported, corpus_glob, tmp_pa
 def test_hf_dir_without_tokenizer_files_is_refused(exported, corpus_glob, tmp_path):
   import shutil
 
-  from mlm_jax import configuration as config_lib
   _, out = exported
   bare = tmp_path / 'bare'
   shutil.copytree(out, bare)
@@ -328,5 +328,5 @@ def test_hf_dir_without_tokenizer_files_is_refused(exported, corpus_glob, tmp_pa
     os.remove(bare / name)
   config = micro_config(corpus_glob, str(tmp_path / 'data'))
   config.init.hf_dir = str(bare)
-  with pytest.raises(config_lib.ConfigError, match='has no tokenizer files'):
+  with pytest.raises(ConfigError, match='has no tokenizer files'):
     run_training(config, str(tmp_path / 'run'))

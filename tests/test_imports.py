@@ -1,4 +1,5 @@
-"""The package's import graph: config flows one way, and no two packages import each other.
+"""The shape of mlm_jax and configs/: config flows one way, no two packages import each other,
+no function is too long to read as one step.
 
 Read from the source (every `import`, those inside functions included), so
 that an import hidden in a function to dodge a cycle is caught too.
@@ -11,11 +12,15 @@ import pathlib
 
 import pytest
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / 'mlm_jax'
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / 'mlm_jax'
+# The experiments import the library (configs/recipes build on mlm_jax.config.phases); the
+# library never imports an experiment.
+CONFIGS = ROOT / 'configs'
 
 # (importer, imported): never, whatever the path. Third-party names are top-level packages.
 FORBIDDEN = [
-    ('mlm_jax.configuration', 'mlm_jax.training'),  # The command resolves; the loop receives.
+    ('mlm_jax.config', 'mlm_jax.training'),  # The command resolves; the loop receives.
     ('mlm_jax.data', 'mlm_jax.model'),  # Grain workers run the input side without the model...
     ('mlm_jax.data', 'mlm_jax.training'),
     ('mlm_jax.data', 'jax'),  # ...and without JAX.
@@ -30,7 +35,7 @@ FORBIDDEN = [
 
 
 def _module_name(path: pathlib.Path) -> str:
-  parts = path.relative_to(PACKAGE.parent).with_suffix('').parts
+  parts = path.relative_to(ROOT).with_suffix('').parts
   return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
 
 
@@ -50,14 +55,14 @@ def _imported(tree: ast.AST) -> list[tuple[str, int]]:
 
 def _unit(module: str) -> str:
   """The package-level node of a module: mlm_jax.data.tokenizer -> mlm_jax.data; a module at
-  the top of mlm_jax (configuration, cli, train, ...) is its own node; another library is its
-  top-level package."""
+  the top of mlm_jax (errors, cli, train, ...) is its own node; configs/ is one node; another
+  library is its top-level package."""
   parts = module.split('.')
   return '.'.join(parts[:2]) if parts[0] == 'mlm_jax' else parts[0]
 
 
 def _modules() -> dict[str, pathlib.Path]:
-  return {_module_name(p): p for p in sorted(PACKAGE.rglob('*.py'))}
+  return {_module_name(p): p for root in (PACKAGE, CONFIGS) for p in sorted(root.rglob('*.py'))}
 
 
 @functools.cache  # Read once for all the tests here; none changes it.
@@ -67,9 +72,9 @@ def _module_graph() -> dict[str, dict[str, str]]:
   for name, path in modules.items():
     edges = {}
     for imported, line in _imported(ast.parse(path.read_text(), str(path))):
-      if imported.startswith('mlm_jax.') and imported not in modules:
+      if imported.startswith(('mlm_jax.', 'configs.')) and imported not in modules:
         continue  # `from mlm_jax.x import NAME`: NAME is not a module.
-      edges.setdefault(imported, f'{path.relative_to(PACKAGE.parent)}:{line}')
+      edges.setdefault(imported, f'{path.relative_to(ROOT)}:{line}')
     graph[name] = edges
   return graph
 
@@ -113,6 +118,18 @@ def _describe(cycle: list[str], graph: dict[str, dict[str, str]]) -> str:
   return ' -> '.join(f'{a} ({graph[a][b]})' for a, b in zip(cycle, cycle[1:])) + f' -> {cycle[-1]}'
 
 
+def test_the_library_never_imports_an_experiment():
+  """configs/ -> mlm_jax only: a config file reads the library's names (phases, recipes'
+  arithmetic); the library takes a config as a value, from the command line or a caller."""
+  graph = _module_graph()
+  found = [f'{module} imports {name} ({where})' for module, edges in graph.items()
+           if module.startswith('mlm_jax') for name, where in edges.items()
+           if _unit(name) == 'configs']
+  assert not found, '; '.join(found)
+  assert any(_unit(name).startswith('mlm_jax') for module, edges in graph.items()
+             if module.startswith('configs') for name in edges)  # The graph holds configs/.
+
+
 def test_no_import_cycle_between_packages():
   """Without exception: where two packages would need each other, what both need goes to the
   lower one (FLOPs per token to model/, the chip table to runtime/; docs/layout.md)."""
@@ -148,3 +165,13 @@ def test_the_cycle_finder_finds_a_cycle_and_names_where():
   assert cycle == ['a', 'b', 'c', 'a']
   assert _describe(cycle, graph) == 'a (a.py:1) -> b (b.py:2) -> c (c.py:3) -> a'
   assert _cycle({'a': {'b': ''}, 'b': {}, 'c': {'a': ''}}) is None
+
+
+def test_no_function_is_longer_than_100_lines():
+  """A function past 100 lines is several steps: each gets a name (STYLE.md)."""
+  long = [f'{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})'
+          for root in (PACKAGE, CONFIGS) for path in sorted(root.rglob('*.py'))
+          for node in ast.walk(ast.parse(path.read_text()))
+          if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+          and node.end_lineno - node.lineno + 1 > 100]
+  assert not long, '; '.join(long)

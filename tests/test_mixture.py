@@ -14,12 +14,14 @@ import jax
 import numpy as np
 import pytest
 
-from mlm_jax import configuration as config_lib
+from mlm_jax.config import checks
+from mlm_jax.config import fields
 from mlm_jax.data import corpus
 from mlm_jax.data import masking
 from mlm_jax.data import mixture
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
+from mlm_jax.errors import ConfigError
 from mlm_jax.training import preemption
 from tests.conftest import REPO
 from tests.conftest import micro_config
@@ -73,7 +75,7 @@ def test_an_epoch_cap_ends_a_member_and_the_others_take_its_share():
   assert capped.max_rows == 40
   with pytest.raises(ValueError, match='past the 40 rows'):
     capped.draw(np.array([40]))
-  with pytest.raises(config_lib.ConfigError, match=r'allow 40 rows, 5 steps of 8.*num_steps=6'):
+  with pytest.raises(ConfigError, match=r'allow 40 rows, 5 steps of 8.*num_steps=6'):
     mixture.check_steps(capped, 6, 8, ['a', 'b'])
   mixture.check_steps(capped, 5, 8, ['a', 'b'])
 
@@ -243,8 +245,8 @@ def test_an_invalid_mixture_is_one_line_naming_the_field(tmp_path, sources, mess
     config.data.sources = sources
   else:
     config.data.corpus = 'a.txt'
-  with pytest.raises(config_lib.ConfigError, match=message) as raised:
-    config_lib.validate(config, check_paths=False)
+  with pytest.raises(ConfigError, match=message) as raised:
+    checks.validate(config, check_paths=False)
   assert '\n' not in str(raised.value)
 
 
@@ -252,7 +254,7 @@ def test_with_a_temperature_a_weight_is_optional(tmp_path):
   config = micro_config('', str(tmp_path / 'data'))
   config.data.sources = ({'corpus': 'a', 'name': 'a'}, {'corpus': 'b', 'weight': 3})
   config.data.temperature = 1.0
-  config_lib.validate(config, check_paths=False)
+  checks.validate(config, check_paths=False)
   assert [m.weight for m in mixture.members(config.data)] == [1.0, 3.0]
 
 
@@ -260,14 +262,14 @@ def test_a_mixture_with_a_corpus_or_a_missing_member_is_refused(tmp_path):
   (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS[:10]))
   config = micro_config(str(tmp_path / 'a.txt'), str(tmp_path / 'data'))
   config.data.sources = ({'corpus': str(tmp_path / 'a.txt'), 'weight': 1},)
-  with pytest.raises(config_lib.ConfigError, match='sources and config.data.corpus'):
-    config_lib.validate(config)
+  with pytest.raises(ConfigError, match='sources and config.data.corpus'):
+    checks.validate(config)
   config.data.corpus = ''
   config.data.sources = ({'corpus': str(tmp_path / 'a.txt'), 'weight': 1},
                          {'corpus': str(tmp_path / 'none.txt'), 'weight': 1})
-  with pytest.raises(config_lib.ConfigError,
+  with pytest.raises(ConfigError,
                      match=r"config.data.sources\[1\].corpus=.*none.txt': no such file"):
-    config_lib.validate(config)
+    checks.validate(config)
 
 
 def _mixture_config(tmp_path, **train):
@@ -297,8 +299,8 @@ def _unmasked(batch: dict) -> np.ndarray:
 def test_a_mixture_trains_in_its_ratio_resumes_exactly_and_reports_per_source(tmp_path):
   config = _mixture_config(tmp_path, num_steps=10, log_every=2, eval_every=5,
                            checkpoint_every=5)
-  config_lib.validate(config)
-  data = prepare.prepare(config)
+  checks.validate(config)
+  data = prepare.prepare(*fields.data_request(config))
   assert data.num_parts == 2 and data.part_names == ('domain', 'general')
   parts = data.stats['parts']
   assert parts[0]['train']['documents'] + parts[0]['validation']['documents'] == 300

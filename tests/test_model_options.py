@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mlm_jax import model as model_lib
+from mlm_jax.config import fields
 from mlm_jax.interop import hf
 from mlm_jax.training import checkpoint
 from mlm_jax.training import objective
@@ -213,10 +214,10 @@ def test_sentence_pair_head_adds_its_loss_and_accumulates_like_one_batch():
 
 
 def test_checkpoint_meta_knows_the_layout_options():
-  record = _cfg().shape_record()
+  record = fields.shape_record(_cfg())
   checkpoint.check_meta(record, record, 'same')
   with pytest.raises(checkpoint.CheckpointMismatchError, match='scan_layers'):
-    checkpoint.check_meta(record, _cfg(scan_layers=True).shape_record(), 'other')
+    checkpoint.check_meta(record, fields.shape_record(_cfg(scan_layers=True)), 'other')
   # A record without the options that change the parameter tree is refused,
   # naming each one, rather than read as some default layout.
   layout = ('scan_layers', 'sentence_pair_head', 'variant')

@@ -16,7 +16,7 @@ from configs import base
 from configs import modern_base
 from configs import modern_large
 from configs import tiny
-from mlm_jax import configuration
+from mlm_jax.config import checks
 from mlm_jax import model as model_lib
 from mlm_jax.errors import ConfigError
 from mlm_jax.data import sp_tokenizer
@@ -85,7 +85,7 @@ def test_configs_check_and_have_the_published_shapes():
         160_000.0, 10_000.0, 8192)
     assert (m.dropout_rate, m.attention_dropout_rate, m.layer_norm_eps) == (0.0, 0.0, 1e-5)
     assert config.tokenizer.vocab_size == 50368
-  configuration.validate(tiny.get_config(), num_devices=1, check_paths=False)
+  checks.validate(tiny.get_config(), num_devices=1, check_paths=False)
   assert base.get_config().model.variant == 'bert'
 
 

@@ -12,8 +12,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from mlm_jax import configuration
-from mlm_jax import phases
+from mlm_jax.config import checks
+from mlm_jax.config import run_plan
+from mlm_jax.config import phases
+from mlm_jax.errors import ConfigError
 from mlm_jax.training import checkpoint
 from mlm_jax.training import optimizer
 from tests.conftest import REPO
@@ -132,12 +134,16 @@ def test_a_config_without_phases_is_one_phase_of_itself():
      r'max_predictions'),
     (lambda c: c.phases[1]['overrides']['train'].update(batch_warmup_tokens=100),
      r"the batch warm-up is the run's, from its first step"),
+    (lambda c: c.phases[1]['overrides']['model'].update(layer_norm_eps=1e-6),
+     r"sets config.model.layer_norm_eps=1e-06, but the run has 1e-05: the model's architecture"),
+    (lambda c: c.phases[1]['overrides'].update(mesh=dict(fsdp=2)),
+     r"sets config.mesh.fsdp=2, but the run has 1"),
 ])
 def test_bad_phases_are_one_line_naming_the_fix(config, change, message):
   config.phases = tuple(json.loads(json.dumps(config.phases)))  # Mutable copies.
   change(config)
-  with pytest.raises(configuration.ConfigError, match=message) as e:
-    configuration.validate(config, 1, check_paths=False)
+  with pytest.raises(ConfigError, match=message) as e:
+    checks.validate(config, 1, check_paths=False)
   assert '\n' not in str(e.value)
 
 
@@ -149,15 +155,15 @@ def test_bad_phases_are_one_line_naming_the_fix(config, change, message):
 def test_a_bad_batch_warm_up_is_one_line(config, train, message):
   config.phases = ()
   config.train.update(train)
-  with pytest.raises(configuration.ConfigError, match=message):
-    configuration.validate(config, 1, check_paths=False)
+  with pytest.raises(ConfigError, match=message):
+    checks.validate(config, 1, check_paths=False)
 
 
 def test_a_phase_with_other_rows_needs_its_own_data_dir(config):
   config.data.data_dir = '/somewhere'
-  with pytest.raises(configuration.ConfigError, match=r"phase 'long' changes config.data but "
+  with pytest.raises(ConfigError, match=r"phase 'long' changes config.data but "
                      r"keeps config.data.data_dir='/somewhere'"):
-    configuration.validate(config, 1, check_paths=False)
+    checks.validate(config, 1, check_paths=False)
 
 
 # ------------------------------------------------------------------- the run
@@ -244,9 +250,9 @@ def test_a_run_killed_in_its_second_phase_resumes_bit_identically(phased_run, tm
 
 
 def test_steps_given_on_the_command_line_to_a_run_in_phases_are_refused(config):
-  with pytest.raises(configuration.ConfigError, match=r'run is in phases .* give each phase its '
+  with pytest.raises(ConfigError, match=r'run is in phases .* give each phase its '
                      r'steps or tokens'):
-    configuration.resolve(config, 1, ['train.num_steps'])
+    run_plan.resolve(config, 1, ['train.num_steps'])
 
 
 def test_a_phase_that_changes_the_shares_continues_each_sources_stream(tmp_path):
@@ -268,12 +274,66 @@ def test_a_phase_that_changes_the_shares_continues_each_sources_stream(tmp_path)
   assert boundary == 2 * 8 + 4 * 16
   first = mixture_run.MixtureRun(near.config, data, 0, {},
                                  position_of=lambda s: int(plan.rows_before(s)))
-  run = loop._mixture(far.config, data, plan, far, far.start_step, {})  # pylint: disable=protected-access
+  workdir = str(tmp_path / 'run')
+  os.makedirs(workdir)
+  # Without the hand-over 'near' records at its last step, 'far' cannot know where it stands.
+  with pytest.raises(checkpoint.CheckpointReadError, match="no record of where the mixture"):
+    loop._mixture(workdir, data, plan, far, far.start_step, {})  # pylint: disable=protected-access
+  loop._hand_over(workdir, plan, near, first)  # pylint: disable=protected-access
+  run = loop._mixture(workdir, data, plan, far, far.start_step, {})  # pylint: disable=protected-access
   assert run.mix.start_position == boundary
   np.testing.assert_array_equal(run.mix.rows_before, first.mix.rows_drawn(boundary))
   sizes = np.array([30 * n - 5 for n in (10, 40, 160)])
   np.testing.assert_allclose(run.shares, sizes ** 0.25 / (sizes ** 0.25).sum())
   # Other rows (another length): the sources' streams start anew at the phase's first row.
-  other = loop._mixture(long.config, data, plan, long, long.start_step, {})  # pylint: disable=protected-access
+  loop._hand_over(workdir, plan, far, run)  # pylint: disable=protected-access: records nothing
+  other = loop._mixture(workdir, data, plan, long, long.start_step, {})  # pylint: disable=protected-access
   assert other.mix.start_position == int(plan.rows_before(long.start_step))
   assert not np.any(other.mix.rows_before)
+
+
+def test_a_phase_that_changes_only_runtime_fields_reads_the_same_rows(tmp_path, corpus_glob):
+  """Worker counts, the tfds export, prefetch, cadence: the same data dir, the same tokenizer,
+  and the mixture's streams go on from where the phase before left them."""
+  from mlm_jax.config import fields
+  from mlm_jax.data import prepared
+  from mlm_jax.training import loop
+  from mlm_jax.training import mixture_run
+  from tests.test_mixture import _three_sources
+  runtime = dict(data=dict(num_workers=3, tfds_export=True), input=dict(worker_count=2,
+                                                                        prefetch=4),
+                 train=dict(log_every=2, checkpoint_every=3))
+  workdir = str(tmp_path / 'run')
+  os.makedirs(workdir)
+  # Two sources of real files, their data dir named by the fingerprint (no data_dir given).
+  config = micro_config(corpus_glob, '')
+  config.data.sources = ({'corpus': corpus_glob, 'name': 'a'},
+                         {'corpus': corpus_glob, 'name': 'b', 'weight': 2.0})
+  config.phases = (dict(name='first', steps=6), dict(name='second', steps=6, overrides=runtime))
+  first, second = run_plan.plan_run(config, workdir).phases
+  # One rows key: the phases read the same rows, so the second names no other tokenizer...
+  assert fields.same_rows(first.config, second.config)
+  assert second.config.tokenizer.model_file == first.config.tokenizer.model_file == ''
+  # ...and its data dir, named by the fingerprint made from that key, is the first's.
+  dirs = [prepared.resolve_data_dir(*fields.data_request(p.config)) for p in (first, second)]
+  assert dirs[0] == dirs[1]
+  # The second phase continues the sources' streams from the first's hand-over.
+  config, data = _three_sources(tmp_path, temperature=1.0)
+  data.num_parts = 3
+  config.phases = (dict(name='first', steps=6), dict(name='second', steps=6, overrides=runtime))
+  plan = run_plan.plan_run(config, workdir).plan
+  first, second = plan.phases
+  before = mixture_run.MixtureRun(first.config, data, 0, {},
+                                  position_of=lambda s: int(plan.rows_before(s)))
+  loop._hand_over(workdir, plan, first, before)  # pylint: disable=protected-access
+  after = loop._mixture(workdir, data, plan, second, 6, {})  # pylint: disable=protected-access
+  np.testing.assert_array_equal(after.mix.rows_before,
+                                before.mix.rows_drawn(int(plan.rows_before(6))))
+  # Another row length is other rows: the later phase reads the run's tokenizer, decided in
+  # the plan, not patched by the loop.
+  config.phases = (dict(name='first', steps=6), dict(name='long', steps=6, overrides=dict(
+      data=dict(seq_len=64, data_dir=str(tmp_path / 'data-T64')))))
+  config.model.max_position_embeddings = 64
+  first, long = run_plan.plan_run(config, workdir).phases
+  assert not fields.same_rows(first.config, long.config)
+  assert long.config.tokenizer.model_file == os.path.join(workdir, 'tokenizer.model')

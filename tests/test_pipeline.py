@@ -14,6 +14,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from configs import base
+from mlm_jax.config import fields
 from mlm_jax.data import index_shuffle
 from mlm_jax.data import masking
 from mlm_jax.data import packed_rows
@@ -68,7 +69,7 @@ def test_the_tfds_export_added_to_a_data_dir_reads_as_its_rows(prepared, tmp_pat
   before = {p: p.stat().st_mtime_ns for p in copy.rglob('*') if p.is_file()}
   config = config.copy_and_resolve_references()
   config.data.data_dir, config.data.tfds_export = str(copy), True
-  exported = prepare.prepare(config)
+  exported = prepare.prepare(*fields.data_request(config))
   assert {p: p.stat().st_mtime_ns for p in before} == before
   assert prepared_lib.has_tfds_export(exported.data_dir)
   tfds_source = tfds.builder_from_directory(exported.tfds_dir).as_data_source('train')

@@ -13,6 +13,7 @@ import optax
 import pytest
 
 from mlm_jax import model as model_lib
+from mlm_jax.config import fields
 from mlm_jax.errors import ConfigError
 from mlm_jax.runtime import platform_ops
 from mlm_jax.runtime import sharding
@@ -31,7 +32,7 @@ def test_cpu_forms_are_chosen_for_cpu_only():
   assert platform_ops.for_platform('tpu') is DEFAULT
   assert platform_ops.for_platform('') is CPU   # JAX's backend here (the tests run on a CPU).
   # The platform is not part of what a checkpoint must agree with.
-  assert model_config(platform='tpu').shape_record() == model_config(platform='cpu').shape_record()
+  assert fields.shape_record(model_config(platform='tpu')) == fields.shape_record(model_config(platform='cpu'))
 
 
 def test_model_config_takes_its_platform_from_the_caller_never_from_the_host():

@@ -11,8 +11,8 @@ import pytest
 
 from configs import bert_tiny
 from configs import tiny
-from mlm_jax import configuration
-from mlm_jax import phases
+from mlm_jax.config import checks
+from mlm_jax.config import phases
 from tests.conftest import REPO
 
 RECIPES = ('bert', 'roberta', 'modernbert', 'ettin', 'mmbert')
@@ -29,12 +29,12 @@ def _config(name: str, arg: str = ''):
 @pytest.mark.parametrize('arg', ['', 'tiny', 'smoke'])
 @pytest.mark.parametrize('name', RECIPES)
 def test_every_variant_validates_on_one_h100_and_a_v5p_8(name, arg, num_devices):
-  configuration.validate(_config(name, arg), num_devices, check_paths=False)
+  checks.validate(_config(name, arg), num_devices, check_paths=False)
 
 
 def test_mmbert_takes_its_data_root_as_an_argument():
   config = _config('mmbert', 'data=/mnt/mm')
-  configuration.validate(config, 4, check_paths=False)
+  checks.validate(config, 4, check_paths=False)
   assert config.data.sources[0]['corpus'].startswith('/mnt/mm/pretrain/')
   plan = phases.Plan(config)
   # More languages each phase, drawn flatter (mmBERT's exponents 0.7, 0.5, 0.3 as 1/tau).

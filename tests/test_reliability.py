@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from absl import logging
 
-from mlm_jax import configuration
-from mlm_jax import saved_config
+from mlm_jax.config import saved as saved_config
+from mlm_jax.errors import ConfigError
 from mlm_jax.finetuning import config as finetune_config
 from mlm_jax.finetuning import loop as finetune_loop
 from mlm_jax.training import checkpoint
@@ -462,22 +462,23 @@ def test_a_workdir_of_an_older_version_is_one_line_not_filled_in(prepared, tmp_p
   saved = config.to_dict()
   del saved['masking']['mode']
   (tmp_path / 'config.json').write_text(json.dumps(saved))
-  with pytest.raises(configuration.ConfigError, match=r'written by an older version of mlm_jax: '
+  with pytest.raises(ConfigError, match=r'written by an older version of mlm_jax: '
                                                        r'it lacks config\.masking\.mode'):
     workdir_lib.load(str(tmp_path))
 
 
 def test_fields_added_since_a_run_was_saved_are_read_as_what_the_run_did(prepared):
+  from mlm_jax.config import fields
   config, _ = prepared
   saved = config.to_dict()
-  for name in saved_config.ADDED_FIELDS:
-    section, key = name.split('.')
-    del saved[section][key]
+  for name in fields.old_values():
+    section, key = name.split('.') if '.' in name else ('', name)
+    del (saved[section] if section else saved)[key]
   read = saved_config.read(saved, 'config.json')
   assert not read.model.document_mask and not read.model.restart_positions
-  assert read.data.ids_key == '' and tuple(read.data.sources) == ()
+  assert read.data.ids_key == '' and tuple(read.data.sources) == () and tuple(read.phases) == ()
   assert read.model.to_dict() == {**config.model.to_dict(), 'document_mask': False,
                                   'restart_positions': False}
-  del saved['masking']['mode']  # Not an added field: still refused, and named alone.
-  with pytest.raises(configuration.ConfigError, match=r'it lacks config\.masking\.mode\. Train'):
+  del saved['masking']['mode']  # A field without an old value: still refused, and named alone.
+  with pytest.raises(ConfigError, match=r'it lacks config\.masking\.mode\. Train'):
     saved_config.read(saved, 'config.json')

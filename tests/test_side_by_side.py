@@ -9,10 +9,10 @@ import os
 import numpy as np
 import pytest
 
-from mlm_jax import configuration
 from mlm_jax.analysis import side_by_side
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
+from mlm_jax.errors import ConfigError
 
 pytest.importorskip('torch')
 pytest.importorskip('transformers')
@@ -62,7 +62,7 @@ def test_both_systems_train_and_score_the_same_masked_tokens(prepared, tmp_path,
   kept = json.load(open(os.path.join(tmp_path, 'seed0', 'hf.json')))
   assert kept['config']['train']['num_steps'] == 6
   config.train.learning_rate *= 2
-  with pytest.raises(configuration.ConfigError, match='another config'):
+  with pytest.raises(ConfigError, match='another config'):
     side_by_side.run(config, str(tmp_path), seeds=[0])
   assert json.load(open(os.path.join(tmp_path, 'seed0', 'hf.json'))) == kept
 
@@ -113,8 +113,8 @@ def test_bad_input_is_refused_before_anything_trains(prepared, tmp_path):
     bad = config.copy_and_resolve_references()
     section, name = field.split('.')
     bad[section][name] = value
-    with pytest.raises(configuration.ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message):
       side_by_side.run(bad, str(tmp_path / 'bad'), seeds=[0])
-  with pytest.raises(configuration.ConfigError, match='repeats a seed'):
+  with pytest.raises(ConfigError, match='repeats a seed'):
     side_by_side.run(config, str(tmp_path / 'bad'), seeds=[1, 1])
   assert not os.path.exists(tmp_path / 'bad')

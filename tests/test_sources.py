@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow_datasets as tfds
 
-from mlm_jax import configuration as config_lib
+from mlm_jax.config import checks
+from mlm_jax.config import fields
 from mlm_jax.data import corpus
 from mlm_jax.data import line_sample
 from mlm_jax.data import packed_rows
@@ -26,6 +27,7 @@ from mlm_jax.data import packing
 from mlm_jax.data import prepare
 from mlm_jax.data import prepared as prepared_lib
 from mlm_jax.data import tokenizer as tok
+from mlm_jax.errors import ConfigError
 from tests.conftest import REPO
 from tests.conftest import micro_config
 from tests.conftest import write_config_file
@@ -155,7 +157,7 @@ def test_bad_inputs_are_used_or_skipped_and_counted(tmp_path, monkeypatch):
   text = '\n'.join(DOCS[:60]) + '\n\n' + '\n'.join(DOCS[60:300])
   (d / 'broken.txt.gz').write_bytes(gzip.compress(text.encode())[:-30])
   spec = f'{d}/*.txt,{d}/*.gz,{d}/bad.jsonl,{tmp_path}/missing.txt,{tmp_path}/*.md'
-  data = prepare.prepare(_config(spec, tmp_path / 'data', val_fraction=0.2))
+  data = prepare.prepare(*fields.data_request(_config(spec, tmp_path / 'data', val_fraction=0.2)))
   report = data.report
   counts = report['inputs']['counts']
   assert counts == {
@@ -214,18 +216,18 @@ def test_a_corpus_with_nothing_usable_is_an_error_before_training(tmp_path):
   (tmp_path / 'keys.jsonl').write_text('{"body": "x"}\n')
   data_dir = tmp_path / 'data'
   with pytest.raises(corpus.CorpusError, match=r'no usable text.*3 inputs skipped.*binary'):
-    prepare.prepare(_config(str(tmp_path / '*'), data_dir))
+    prepare.prepare(*fields.data_request(_config(str(tmp_path / '*'), data_dir)))
   assert not os.path.exists(data_dir) and not os.path.exists(f'{data_dir}.partial')
   # Names that give no file at all fail the config check, before any work.
   config = _config(f'{tmp_path}/none.txt,{tmp_path}/*.md', data_dir)
-  with pytest.raises(config_lib.ConfigError, match=r"none.txt': no such file.*\*.md': the glob"):
-    config_lib.validate(config)
+  with pytest.raises(ConfigError, match=r"none.txt': no such file.*\*.md': the glob"):
+    checks.validate(config)
   config = _config(str(tmp_path / '*'), data_dir, tfds_name='wikipedia')
-  with pytest.raises(config_lib.ConfigError, match='both set'):
-    config_lib.validate(config)
+  with pytest.raises(ConfigError, match='both set'):
+    checks.validate(config)
   config = _config(str(tmp_path / '*'), data_dir, num_workers=-1)
-  with pytest.raises(config_lib.ConfigError, match='num_workers'):
-    config_lib.validate(config)
+  with pytest.raises(ConfigError, match='num_workers'):
+    checks.validate(config)
 
 
 def test_tokenizer_trains_on_a_bounded_sample_of_lines(tmp_path):
@@ -244,13 +246,14 @@ def test_tokenizer_trains_on_a_bounded_sample_of_lines(tmp_path):
   config = _config(str(tmp_path / '*.txt'), tmp_path / 'data')
   (tmp_path / 'a.txt').write_text('\n\n'.join(DOCS))
   config.tokenizer.max_sentences = 500
-  report = prepare.prepare(config).report['tokenizer']
+  report = prepare.prepare(*fields.data_request(config)).report['tokenizer']
   assert report['sentences_sampled'] == 500 < report['sentences_seen']
 
 
 def _prepare_in_subprocess(config_code: str, patch: str = '') -> subprocess.CompletedProcess:
   code = (f'import sys; sys.path.insert(0, {str(REPO)!r})\n'
           'import os, signal\n'
+          'from mlm_jax.config import fields\n'
           'from mlm_jax.data import corpus, packing, prepare, sp_tokenizer\n'
           'from tests.conftest import micro_config\n'
           'corpus.UNIT_BYTES = 1  # One unit per file,\n'
@@ -260,7 +263,7 @@ def _prepare_in_subprocess(config_code: str, patch: str = '') -> subprocess.Comp
           'if __name__ == "__main__":\n'
           f'  config = {config_code}\n'
           '  config.data.num_workers = 1\n'
-          '  prepare.prepare(config)\n')
+          '  prepare.prepare(*fields.data_request(config))\n')
   return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                         timeout=120)
 
@@ -304,7 +307,7 @@ def test_interrupted_prepare_resumes_to_the_same_dataset_for_any_worker_count(
   monkeypatch.setattr(corpus, 'UNIT_BYTES', 1)
   monkeypatch.setattr(corpus, '_cuts', lambda *args: [])
   monkeypatch.setattr(prepare, 'SHARD_BYTES', 4 * 32 * 40)
-  resumed = prepare.prepare(_config(spec, data_dir, workers=2))
+  resumed = prepare.prepare(*fields.data_request(_config(spec, data_dir, workers=2)))
   work = resumed.report['work']
   assert (work['units'], work['units_reused'], work['shards_reused']) == (8, 8, 1)
   assert work['shards'] > 3
@@ -313,11 +316,11 @@ def test_interrupted_prepare_resumes_to_the_same_dataset_for_any_worker_count(
                                           'stats.json', 'tokenizer.model',
                                           'unigram_counts.npy']
   # Clean prepares elsewhere: 2 workers with the same units, 1 worker with one unit.
-  clean = prepare.prepare(_config(spec, tmp_path / 'clean2', workers=2))
+  clean = prepare.prepare(*fields.data_request(_config(spec, tmp_path / 'clean2', workers=2)))
   _assert_same_data(resumed, clean)
   monkeypatch.setattr(corpus, 'UNIT_BYTES', 1 << 30)
   monkeypatch.setattr(prepare, 'SHARD_BYTES', 1 << 26)
-  one = prepare.prepare(_config(spec, tmp_path / 'clean1', workers=1))
+  one = prepare.prepare(*fields.data_request(_config(spec, tmp_path / 'clean1', workers=1)))
   assert one.report['work']['units'] == 1 and one.report['work']['shards'] == 2
   _assert_same_data(resumed, one)
 
@@ -329,13 +332,13 @@ def test_an_unfinished_prepare_of_other_settings_is_replaced_and_a_foreign_one_k
   partial.mkdir()
   (partial / 'partial.json').write_text('{"format": 0}')
   (partial / 'units').mkdir()
-  prepare.prepare(config)
+  prepare.prepare(*fields.data_request(config))
   assert not partial.exists()
   foreign = tmp_path / 'other.partial'
   foreign.mkdir()
   (foreign / 'mine.txt').write_text('keep me')
   with pytest.raises(prepared_lib.DataDirError, match='not an unfinished mlm_jax prepare'):
-    prepare.prepare(_config(str(tmp_path / 'a.txt'), tmp_path / 'other'))
+    prepare.prepare(*fields.data_request(_config(str(tmp_path / 'a.txt'), tmp_path / 'other')))
   assert (foreign / 'mine.txt').read_text() == 'keep me'
 
 
@@ -350,14 +353,14 @@ def test_an_unfinished_prepare_of_an_earlier_version_continues(tmp_path, monkeyp
   with monkeypatch.context() as m:
     m.setattr(packing, 'tokenize_unit', stop)
     with pytest.raises(KeyboardInterrupt):
-      prepare.prepare(config)
+      prepare.prepare(*fields.data_request(config))
   partial = tmp_path / 'data.partial'
   info = json.loads((partial / 'tokenizer_sample.json').read_text())
   (partial / 'tokenizer_sample.json').rename(partial / 'tokenizer.json')
-  data = prepare.prepare(config)
+  data = prepare.prepare(*fields.data_request(config))
   assert data.report['tokenizer'] == info and info['trained']
   assert not {'tokenizer.json', 'tokenizer_sample.json'} & set(os.listdir(data.data_dir))
-  _assert_same_data(data, prepare.prepare(_config(str(tmp_path / 'a.txt'), tmp_path / 'clean')))
+  _assert_same_data(data, prepare.prepare(*fields.data_request(_config(str(tmp_path / 'a.txt'), tmp_path / 'clean'))))
 
 
 class ShortTexts(tfds.core.GeneratorBasedBuilder):
@@ -390,8 +393,8 @@ def test_a_tfds_dataset_on_disk_is_a_corpus(tmp_path, monkeypatch):
   texts = _write_tfds_text_dataset(tmp_path / 'tfds')
   config = _config('', tmp_path / 'data', workers=2, tfds_name='short_texts',
                    tfds_data_dir=str(tmp_path / 'tfds'), split='train[:150]', val_fraction=0.2)
-  config_lib.validate(config)
-  data = prepare.prepare(config)
+  checks.validate(config)
+  data = prepare.prepare(*fields.data_request(config))
   stats = data.stats
   assert stats['train']['documents'] + stats['validation']['documents'] == 150
   assert data.report['corpus'] == "config.data.tfds_name='short_texts'"
@@ -427,7 +430,7 @@ def test_a_registered_tfds_dataset_mocked_without_tensorflow(tmp_path, monkeypat
     records = tfds.data_source(name, split='train')
     texts = [records[i]['text'] for i in range(len(records))]
     config = _config('', tmp_path / 'data', workers=2, tfds_name=name, val_fraction=0.2)
-    data = prepare.prepare(config)
+    data = prepare.prepare(*fields.data_request(config))
   assert 'tensorflow' not in sys.modules  # Read without TensorFlow, in 2 spawned workers.
   stats = data.stats
   assert stats['train']['documents'] + stats['validation']['documents'] == sum(
@@ -485,10 +488,10 @@ def test_a_big_file_prepares_to_the_same_rows_in_ranges_and_whole(tmp_path, monk
   path = tmp_path / 'one.txt'
   path.write_text('\n\n'.join(DOCS))
   monkeypatch.setattr(corpus, 'UNIT_BYTES', 1 << 30)
-  whole = prepare.prepare(_config(str(path), tmp_path / 'whole', workers=1))
+  whole = prepare.prepare(*fields.data_request(_config(str(path), tmp_path / 'whole', workers=1)))
   assert whole.report['work']['units'] == 1
   monkeypatch.setattr(corpus, 'UNIT_BYTES', 16 << 10)
-  ranges = prepare.prepare(_config(str(path), tmp_path / 'ranges', workers=2))
+  ranges = prepare.prepare(*fields.data_request(_config(str(path), tmp_path / 'ranges', workers=2)))
   assert ranges.report['work']['units'] > 5
   _assert_same_data(whole, ranges)
 
@@ -512,7 +515,7 @@ def test_a_capped_tokenizer_sample_is_the_same_for_any_worker_count(tmp_path, mo
   for workers in (1, 2):
     config = _config(str(tmp_path / 'a.txt'), tmp_path / f'w{workers}', workers=workers)
     config.tokenizer.max_sentences = 500
-    prepared.append(prepare.prepare(config))
+    prepared.append(prepare.prepare(*fields.data_request(config)))
   one, two = prepared
   assert one.report['work']['units'] > 5 and two.report['work']['workers'] == 2
   info = one.report['tokenizer']
@@ -587,10 +590,10 @@ def test_apache_beam_prepares_the_same_dataset_as_local_workers(tmp_path, monkey
   pq.write_table(pa.table({'text': DOCS[40:200]}), tmp_path / 'c.parquet', row_group_size=20)
   spec = f'{tmp_path}/*.txt,{tmp_path}/c.parquet'        # Row groups are units too.
   # With the tfds export, its tasks run on Beam too.
-  local = prepare.prepare(_config(spec, tmp_path / 'local', workers=2, tfds_export=True))
+  local = prepare.prepare(*fields.data_request(_config(spec, tmp_path / 'local', workers=2, tfds_export=True)))
   beam_options = ['--runner=DirectRunner', '--direct_num_workers=2',
                   '--direct_running_mode=multi_processing']
-  beam = prepare.prepare(_config(spec, tmp_path / 'beam', tfds_export=True), beam_options)
+  beam = prepare.prepare(*fields.data_request(_config(spec, tmp_path / 'beam', tfds_export=True)), beam_options)
   assert prepared_lib.has_tfds_export(beam.data_dir)
   work = beam.report['work']
   assert work['units'] > 5 and work['shards'] > 3 and work['beam_options'] == beam_options
@@ -623,7 +626,7 @@ def test_a_unit_read_ahead_tokenizes_as_one_read_from_the_corpus(tmp_path):
   text = '\n\n'.join(DOCS[:120]).encode()
   (src / 'a.txt').write_bytes(text[:5000] + b'\xff\xfe' + text[5000:])
   config = _config(str(src / '*.txt'), tmp_path / 'data', val_fraction=0.2)
-  data = prepare.prepare(config)
+  data = prepare.prepare(*fields.data_request(config))
   source = corpus.resolve(config.data)
   packing.init_worker(source, os.path.join(data.data_dir, 'tokenizer.model'),
                       config.data.val_fraction, config.data.split_seed, config.data.seq_len, False)

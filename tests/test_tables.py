@@ -15,7 +15,8 @@ from etils.epath import backend
 from fsspec.implementations import dirfs
 from fsspec.implementations import local
 
-from mlm_jax import configuration as config_lib
+from mlm_jax.config import checks
+from mlm_jax.config import fields
 from mlm_jax.data import arrow_source
 from mlm_jax.data import corpus
 from mlm_jax.data import masking
@@ -24,6 +25,7 @@ from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import prepared as prepared_lib
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.errors import ConfigError
 from tests.conftest import REPO
 from tests.conftest import write_config_file
 from tests.test_sources import DOCS
@@ -104,33 +106,33 @@ def test_a_missing_or_wrong_column_is_one_line_listing_the_columns(tmp_path):
   pq.write_table(pa.table({'id': [1, 2], 'body': ['a', 'b'], 'ids': [[5, 6], [7]]}),
                  tmp_path / 'a.parquet')
   config = _config(str(tmp_path / 'a.parquet'), tmp_path / 'x')
-  with pytest.raises(config_lib.ConfigError,
+  with pytest.raises(ConfigError,
                      match=r"no column config.data.text_key='text'; its columns are \['id', "
                            r"'body', 'ids'\]"):
-    config_lib.validate(config)
+    checks.validate(config)
   config.data.text_key = 'id'
-  with pytest.raises(config_lib.ConfigError, match="column 'id' holds int64, not text"):
-    config_lib.validate(config)
+  with pytest.raises(ConfigError, match="column 'id' holds int64, not text"):
+    checks.validate(config)
   config.data.text_key = 'body'
-  config_lib.validate(config)
+  checks.validate(config)
   # Token ids need the tokenizer they were made with.
   config.data.ids_key = 'body'
-  with pytest.raises(config_lib.ConfigError, match="'body' holds string, not lists of integer"):
-    config_lib.validate(config)
+  with pytest.raises(ConfigError, match="'body' holds string, not lists of integer"):
+    checks.validate(config)
   config.data.ids_key = 'ids'
-  with pytest.raises(config_lib.ConfigError, match='tokenizer.model_file'):
-    config_lib.validate(config)
+  with pytest.raises(ConfigError, match='tokenizer.model_file'):
+    checks.validate(config)
   config.tokenizer.model_file = 'tokenizer.json'
   for corpus_spec, tfds_name in (('', ''), ('', 'wikipedia')):
     config.data.corpus, config.data.tfds_name = corpus_spec, tfds_name
-    with pytest.raises(config_lib.ConfigError, match=r"ids_key='ids' reads token ids from "
+    with pytest.raises(ConfigError, match=r"ids_key='ids' reads token ids from "
                                                      r'parquet files or datasets directories'):
-      config_lib.validate(config, check_paths=True)
+      checks.validate(config, check_paths=True)
   # A DatasetDict directory: name one split.
   datasets.DatasetDict({'train': datasets.Dataset.from_dict({'text': ['a']})}).save_to_disk(
       str(tmp_path / 'dd'))
-  with pytest.raises(config_lib.ConfigError, match=r'DatasetDict.*dd/train'):
-    config_lib.validate(_config(str(tmp_path / 'dd'), tmp_path / 'x'))
+  with pytest.raises(ConfigError, match=r'DatasetDict.*dd/train'):
+    checks.validate(_config(str(tmp_path / 'dd'), tmp_path / 'x'))
 
 
 @pytest.mark.slow
@@ -141,11 +143,11 @@ def test_parquet_arrow_and_jsonl_prepare_to_the_same_data_dir(tmp_path, monkeypa
   datasets.Dataset.from_dict({'text': DOCS}).save_to_disk(str(tmp_path / 'ds'),
                                                           max_shard_size='40KB')
   assert len(arrow_source.data_files(str(tmp_path / 'ds'))) > 2
-  jsonl = prepare.prepare(_config(str(tmp_path / 'a.jsonl'), tmp_path / 'd-jsonl'))
-  arrow = prepare.prepare(_config(str(tmp_path / 'ds'), tmp_path / 'd-arrow'))
+  jsonl = prepare.prepare(*fields.data_request(_config(str(tmp_path / 'a.jsonl'), tmp_path / 'd-jsonl')))
+  arrow = prepare.prepare(*fields.data_request(_config(str(tmp_path / 'ds'), tmp_path / 'd-arrow')))
   monkeypatch.setattr(corpus, 'UNIT_BYTES', 16 << 10)     # 16 row groups: many units.
-  one = prepare.prepare(_config(str(tmp_path / 'a.parquet'), tmp_path / 'd-1'))
-  two = prepare.prepare(_config(str(tmp_path / 'a.parquet'), tmp_path / 'd-2', workers=2))
+  one = prepare.prepare(*fields.data_request(_config(str(tmp_path / 'a.parquet'), tmp_path / 'd-1')))
+  two = prepare.prepare(*fields.data_request(_config(str(tmp_path / 'a.parquet'), tmp_path / 'd-2', workers=2)))
   assert one.report['work']['units'] > 3 and two.report['work']['workers'] == 2
   for data in (arrow, one, two):
     _assert_same_data(jsonl, data)
@@ -180,9 +182,9 @@ def test_pretokenized_ids_train_the_same_batches_as_text_tokenized_here(prepared
   ids_config = _config(str(tmp_path / 'ids.parquet'), tmp_path / 'd-ids', workers=2,
                        ids_key='input_ids')
   text_config.tokenizer.model_file = ids_config.tokenizer.model_file = model_file
-  text = prepare.prepare(text_config)
-  config_lib.validate(ids_config)
-  ids = prepare.prepare(ids_config)
+  text = prepare.prepare(*fields.data_request(text_config))
+  checks.validate(ids_config)
+  ids = prepare.prepare(*fields.data_request(ids_config))
   assert ids.report['tokenizer']['trained'] is False
   masker = masking.make_masker(config.masking, tokenizer, data.unigram_counts)
   batches = [pipeline.train_batches(d.source('train'), masker, global_batch=8, seed=1)
@@ -201,7 +203,7 @@ def test_pretokenized_ids_train_the_same_batches_as_text_tokenized_here(prepared
   bad_config = _config(str(tmp_path / 'bad.parquet'), tmp_path / 'd-bad', ids_key='input_ids')
   bad_config.tokenizer.model_file = model_file
   with pytest.raises(corpus.CorpusError, match=r'bad.parquet row 17: token id \d+ is outside'):
-    prepare.prepare(bad_config)
+    prepare.prepare(*fields.data_request(bad_config))
   assert not (tmp_path / 'd-bad').exists()
 
 
@@ -257,28 +259,28 @@ def test_a_data_dir_at_a_bucket_url_is_prepared_once_and_read_from_a_local_copy(
   pq.write_table(pa.table({'text': DOCS}), bucket / 'a.parquet', row_group_size=50)
   monkeypatch.setenv('MLM_JAX_CACHE', str(tmp_path / 'cache'))
   config = _config('gs://bucket/a.parquet', 'gs://bucket/data')
-  first = prepare.prepare(config)
+  first = prepare.prepare(*fields.data_request(config))
   assert (bucket / 'data' / 'fingerprint.json').exists()
-  local = prepare.prepare(_config(str(bucket / 'a.parquet'), tmp_path / 'plain'))
+  local = prepare.prepare(*fields.data_request(_config(str(bucket / 'a.parquet'), tmp_path / 'plain')))
   assert sorted(os.listdir(bucket / 'data')) == sorted(os.listdir(local.data_dir))
   # Another machine (an empty cache) reads it from the URL: copied down, not prepared again.
   monkeypatch.setenv('MLM_JAX_CACHE', str(tmp_path / 'cache2'))
-  again = prepare.prepare(config)
+  again = prepare.prepare(*fields.data_request(config))
   assert again.data_dir.startswith(str(tmp_path / 'cache2'))
   for data in (again, first):
     np.testing.assert_array_equal(data.source('train').read(np.arange(20)),
                                   local.source('train').read(np.arange(20)))
   # Training's other processes read it without preparing: through their own copy.
   monkeypatch.setenv('MLM_JAX_CACHE', str(tmp_path / 'cache3'))
-  read = prepared_lib.load_prepared(config)
+  read = prepared_lib.load_prepared(*fields.data_request(config))
   assert read.data_dir.startswith(str(tmp_path / 'cache3'))
   # The tfds export asked for later: made from the copy's rows, copied up, nothing prepared.
   config.data.tfds_export = True
-  exported = prepare.prepare(config)
+  exported = prepare.prepare(*fields.data_request(config))
   assert exported.data_dir == read.data_dir and prepared_lib.has_tfds_export(read.data_dir)
   assert (bucket / 'data' / 'tfds' / 'mlm_rows' / '1.0.0' / 'dataset_info.json').exists()
   assert not (tmp_path / 'cache3' / 'data').exists()
   other = _config('gs://bucket/a.parquet', 'gs://bucket/data')
   other.tokenizer.vocab_size = 700
   with pytest.raises(prepared_lib.DataDirError, match='other settings'):
-    prepare.prepare(other)
+    prepare.prepare(*fields.data_request(other))

@@ -70,6 +70,7 @@ def test_ties_equals_the_reference_on_random_trees():
 
 def _branch(source: str, out: str, params) -> str:
   """A workdir holding `params` at step 8, with `source`'s config and tokenizer."""
+  from mlm_jax.config import fields
   from mlm_jax.training import checkpoint
   from mlm_jax.training import workdir as workdir_lib
   os.makedirs(out)
@@ -81,7 +82,7 @@ def _branch(source: str, out: str, params) -> str:
       shutil.copy(path, os.path.join(out, name))
   run = workdir_lib.load(source)
   checkpoint.save_weights(workdir_lib.checkpoint_dir(out), 8, params,
-                          run.model_cfg.shape_record())
+                          fields.shape_record(run.model_cfg))
   return out
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
+from mlm_jax.config import fields
 from mlm_jax.errors import ConfigError
 from mlm_jax.data import hf_tokenizer
 from mlm_jax.data import masking
@@ -58,7 +59,7 @@ def by_kind(small_corpus, tmp_path_factory):
   out = {}
   for kind in KINDS:
     config = _config(small_corpus, tmp_path_factory.mktemp('data') / kind, kind)
-    out[kind] = config, prepare.prepare(config)
+    out[kind] = config, prepare.prepare(*fields.data_request(config))
   return out
 
 
@@ -102,7 +103,7 @@ def test_trained_kinds_pack_rows_with_their_own_ids(by_kind, kind):
 def test_lowercase_makes_an_uncased_wordpiece_tokenizer(small_corpus, tmp_path):
   config = _config(small_corpus, tmp_path / 'data', 'wordpiece')
   config.tokenizer.lowercase = True
-  data = prepare.prepare(config)
+  data = prepare.prepare(*fields.data_request(config))
   special = data.tokenizer.special_ids()
   text = ' '.join(data.tokenizer.decode(row[~np.isin(row, special)]) for row in _rows(data))
   assert text == text.lower() and 'the' in text.split()
@@ -175,13 +176,13 @@ def test_whole_word_masking_masks_whole_words_of_each_kind(by_kind, kind):
 def test_the_data_dir_key_follows_the_tokenizers_content(by_kind, small_corpus, tmp_path):
   sp_config, _ = by_kind['sentencepiece']
   # The default's entries are those of earlier versions: their cached data dirs stay valid.
-  assert prepared_lib.fingerprint(sp_config.data, sp_config.tokenizer)['tokenizer'] == {
+  assert prepared_lib.fingerprint(fields.rows_key(sp_config.data), sp_config.tokenizer)['tokenizer'] == {
       'vocab_size': 400, 'model_type': 'unigram', 'character_coverage': 0.9995,
       'max_sentences': sp_config.tokenizer.max_sentences}
 
   def key(config) -> str:
     config.data.data_dir = ''
-    return prepared_lib.resolve_data_dir(config)[0]
+    return prepared_lib.resolve_data_dir(*fields.data_request(config))[0]
 
   keys = {key(_config(small_corpus, '', kind)) for kind in KINDS}
   uncased = _config(small_corpus, '', 'wordpiece')
@@ -197,7 +198,7 @@ def test_the_data_dir_key_follows_the_tokenizers_content(by_kind, small_corpus, 
   moved = _config(small_corpus, '', 'bpe')  # The kind of a given tokenizer does not matter.
   moved.tokenizer.model_file = str(copy)
   assert key(given) == key(moved) and key(given) not in keys
-  assert prepared_lib.fingerprint(given.data, given.tokenizer)['tokenizer'] == {
+  assert prepared_lib.fingerprint(fields.rows_key(given.data), given.tokenizer)['tokenizer'] == {
       'tokenizer_sha256': wordpiece.tokenizer.digest()}
   spec = json.loads((copy / 'tokenizer.json').read_text())
   spec['model']['vocab'] = {(f'{p}x' if i == 300 else p): i
@@ -221,7 +222,7 @@ def test_a_given_tokenizer_is_kept_and_grows_by_the_words_to_add(by_kind, small_
   source = os.path.join(wordpiece.data_dir, 'tokenizer')
   plain = _config(small_corpus, tmp_path / 'plain')
   plain.tokenizer.model_file = source
-  data = prepare.prepare(plain)
+  data = prepare.prepare(*fields.data_request(plain))
   # The same files, the same rows: given or trained, the tokenizer is the same.
   assert data.tokenizer.digest() == wordpiece.tokenizer.digest()
   assert data.report['tokenizer']['trained'] is False and data.added_tokens() == {}
@@ -232,7 +233,7 @@ def test_a_given_tokenizer_is_kept_and_grows_by_the_words_to_add(by_kind, small_
   grown_config = _config(small_corpus, tmp_path / 'grown')
   grown_config.tokenizer.model_file = source
   grown_config.tokenizer.add_tokens = str(words)
-  grown = prepare.prepare(grown_config)
+  grown = prepare.prepare(*fields.data_request(grown_config))
   base = wordpiece.tokenizer
   assert len(base.encode([RARE])[0]) > 1
   added = grown.added_tokens()
@@ -261,7 +262,7 @@ def test_a_sentencepiece_tokenizer_cannot_take_added_words(by_kind, small_corpus
   config.tokenizer.model_file = os.path.join(data.data_dir, sp_tokenizer.FILE_NAME)
   config.tokenizer.add_tokens = str(words)
   with pytest.raises(ConfigError, match='cannot take added tokens') as e:
-    prepare.prepare(config)
+    prepare.prepare(*fields.data_request(config))
   assert '\n' not in str(e.value)
   assert not (tmp_path / 'data').exists() and not (tmp_path / 'data.partial').exists()
 
@@ -274,7 +275,7 @@ def test_a_tokenizer_that_cannot_spell_the_corpus_is_reported(by_kind, tmp_path,
   config = _config(str(tmp_path / 'a.txt'), tmp_path / 'data')
   config.tokenizer.model_file = os.path.join(wordpiece.data_dir, 'tokenizer')
   with caplog.at_level(logging.WARNING):
-    data = prepare.prepare(config)
+    data = prepare.prepare(*fields.data_request(config))
   rate = data.stats['train']['unknown_rate']
   assert rate == pytest.approx(data.unknown_rate()) and 0.1 < rate < 0.5
   assert data.unigram_counts[wordpiece.tokenizer.specials.unk] > 0
@@ -283,7 +284,7 @@ def test_a_tokenizer_that_cannot_spell_the_corpus_is_reported(by_kind, tmp_path,
   # Byte fallback: the default tokenizer spells the same text without [UNK].
   caplog.clear()
   with caplog.at_level(logging.WARNING):
-    bytes_data = prepare.prepare(_config(str(tmp_path / 'a.txt'), tmp_path / 'sp'))
+    bytes_data = prepare.prepare(*fields.data_request(_config(str(tmp_path / 'a.txt'), tmp_path / 'sp')))
   assert bytes_data.unknown_rate() == 0.0
   assert not [r for r in caplog.records if 'unknown token' in r.getMessage()]
 
@@ -338,7 +339,7 @@ def test_a_tokenizer_at_a_bucket_url_loads_as_it_does_from_disk(by_kind, small_c
   config = _config(small_corpus, tmp_path / 'data', 'wordpiece')
   config.tokenizer.model_file = 'gs://bucket/runs/wordpiece/tokenizer/tokenizer.json'
   tok_lib.check_config(config.tokenizer)
-  assert prepare.prepare(config).tokenizer.digest() == by_kind['wordpiece'][1].tokenizer.digest()
+  assert prepare.prepare(*fields.data_request(config)).tokenizer.digest() == by_kind['wordpiece'][1].tokenizer.digest()
   config.tokenizer.model_file = 'gs://bucket/runs/nothing.json'
   with pytest.raises(ConfigError, match="model_file='gs://bucket/runs/nothing.json': no such"):
     tok_lib.check_config(config.tokenizer)

@@ -33,14 +33,7 @@ _REPO = 'google-research/bert'
 
 def get_config(arg: str = '') -> ml_collections.ConfigDict:
   """arg '' : the published recipe; 'tiny': its phases on a 2-core CPU; 'smoke': tiny, cut."""
-  if arg == '':
-    return _published()
-  if arg == 'tiny':
-    return _tiny()
-  if arg == 'smoke':
-    return common.smoke(_tiny())
-  raise ValueError(f"configs/recipes/bert.py takes '', 'tiny' or 'smoke', not {arg!r}: "
-                   'e.g. --config=configs/recipes/bert.py:tiny')
+  return common.variant('bert', arg, _published, _tiny)
 
 
 def _bert_recipe(config: ml_collections.ConfigDict) -> None:

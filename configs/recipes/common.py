@@ -1,13 +1,19 @@
-"""What the recipes share: the masked-slot count P for a rate, and the smoke variant of a tiny
-recipe (its phases cut to a few steps, for tests).
+"""What the recipes share: the masked-slot count P for a rate, the variants every recipe file
+offers ('', tiny, smoke: a tiny recipe's phases cut to a few steps, for tests), and the
+FlexBERT trainer's settings that ModernBERT's, Ettin's and mmBERT's recipes have in common
+(flexbert, flexbert_tiny), each recipe giving its own sourced values.
 
 Not a recipe itself: it has no get_config().
 """
 
 import copy
+from collections.abc import Callable
 
 import ml_collections
 
+from configs import modern_base
+from configs import tiny
+from mlm_jax.config import phases
 from mlm_jax.data import masking
 
 
@@ -55,3 +61,109 @@ def smoke(config: ml_collections.ConfigDict, steps: int = 3) -> ml_collections.C
     shortened.append(phase)
   config.phases = tuple(shortened)
   return config
+
+
+def variant(recipe: str, arg: str, published: Callable[[], ml_collections.ConfigDict],
+            tiny: Callable[[], ml_collections.ConfigDict],
+            smoked: Callable[[], ml_collections.ConfigDict] | None = None
+            ) -> ml_collections.ConfigDict:
+  """A recipe file's get_config(arg): '' the published recipe, 'tiny' its phases on a 2-core
+  CPU, 'smoke' tiny cut to a few steps (`smoked`, else smoke(tiny())); anything else a
+  one-line error."""
+  if arg == '':
+    return published()
+  if arg == 'tiny':
+    return tiny()
+  if arg == 'smoke':
+    return smoked() if smoked else smoke(tiny())
+  raise ValueError(f"configs/recipes/{recipe}.py takes '', 'tiny' or 'smoke', not {arg!r}: "
+                   f'e.g. --config=configs/recipes/{recipe}.py:tiny')
+
+
+def flexbert(*, seed: int, seq_len: int, select_rate: float, rope_theta: float,
+             learning_rate: float, betas: tuple[float, float], eps: float,
+             decoupled_weight_decay: float, batch_size: int, micro_batches: int,
+             batch_warmup_start: int, batch_warmup_tokens: int, eval_batch_size: int,
+             eval_every: int, log_every: int, checkpoint_every: int) -> ml_collections.ConfigDict:
+  """ModernBERT-base's shape trained as FlexBERT's trainer trains it (AnswerDotAI/ModernBERT's
+  main.py and src/, which ModernBERT, Ettin and mmBERT all train with); the keywords are the
+  values their yamls give, each sourced where the recipe calls this.
+
+  What the trainer fixes, whatever the yaml: of the selected tokens 80% [MASK], 10% a random
+  id drawn uniformly, 10% kept (src/sequence_packer.py's mlm_mask_sequence; transformers'
+  collator without packing); P rounded up to a multiple of 8 (max_predictions); no dropout
+  but attn_out_dropout_prob's 0.1 on the attention output, which has no field here: 0, as the
+  published config.json files (attention_dropout 0.0); every layer at one rotary base until a
+  phase raises it; decoupled_stableadamw (optimi's StableAdamW) whose weight decay is fully
+  decoupled (the weights shrink by wd x lr/peak per step; ours is scaled by the learning
+  rate, so wd / peak), not applied to biases and norms (filter_bias_norm_wd: true); no
+  gradient clipping (StableAdamW's per-tensor update clipping instead); the learning-rate
+  warm-up in tokens (warmup_steps is set by the recipe once its phases exist: warmup_to).
+  """
+  # configs/modern_base.py: L=22, d=768, 12 heads, GeGLU 1152, a local window of 128 and a
+  # global layer every 3, LayerNorm eps 1e-5.
+  config = modern_base.get_config()
+  config.seed = seed
+  # Rows of seq_len (rotary positions: no table; a later phase raises both).
+  config.data.seq_len = seq_len
+  config.model.max_position_embeddings = seq_len
+  config.masking.select_rate = select_rate
+  config.masking.max_predictions = max_predictions(select_rate, seq_len, 8)
+  config.masking.mask_prob = 0.8
+  config.masking.random_prob = 0.1
+  config.masking.random_source = 'uniform'
+  config.model.dropout_rate = 0.0
+  config.model.attention_dropout_rate = 0.0
+  config.model.global_rope_theta = rope_theta
+  config.model.local_rope_theta = rope_theta
+  config.train.optimizer = 'stable_adamw'
+  config.train.learning_rate = learning_rate
+  config.train.adam_b1, config.train.adam_b2 = betas
+  config.train.adam_eps = eps
+  config.train.weight_decay = decoupled_weight_decay / learning_rate
+  config.train.grad_clip_norm = 0.0
+  # device_train_microbatch_size and batch_size_warmup_* are per the yaml's batch.
+  config.train.batch_size = batch_size
+  config.train.grad_accum_steps = micro_batches
+  config.train.batch_warmup_start = batch_warmup_start
+  config.train.batch_warmup_tokens = batch_warmup_tokens
+  config.eval.batch_size = eval_batch_size
+  config.train.eval_every = eval_every
+  config.train.log_every = log_every
+  config.train.checkpoint_every = checkpoint_every
+  config.train.warmup_steps = 0
+  return config
+
+
+def flexbert_tiny(*, betas: tuple[float, float] = (0.9, 0.98),
+                  eps: float = 1e-6) -> ml_collections.ConfigDict:
+  """configs/tiny.py's model, tokenizer (1,000 pieces, trained on the built-in corpus), peak
+  rate 2e-3 and 100 warm-up steps, trained as flexbert() trains: 30% masking at the first
+  length, StableAdamW (`betas`, `eps`), no global-norm clipping, rotary base 10,000 everywhere
+  until a phase raises it, random replacements drawn uniformly; the batch warmed up from 8
+  rows to 16 over the first 0.3M tokens, a micro-batch of 8 at a time; about 1,600 steps in
+  all, an evaluation every 250. The tiny variants of the FlexBERT recipes add their phases."""
+  config = tiny.get_config()
+  config.masking.select_rate = 0.3
+  config.masking.max_predictions = max_predictions(0.3, 128)
+  config.masking.random_source = 'uniform'
+  config.model.global_rope_theta = 10_000.0
+  config.model.local_rope_theta = 10_000.0
+  config.train.optimizer = 'stable_adamw'
+  config.train.adam_b1, config.train.adam_b2 = betas
+  config.train.adam_eps = eps
+  config.train.grad_clip_norm = 0.0
+  config.train.batch_size = 16
+  config.train.grad_accum_steps = 2
+  config.train.batch_warmup_start = 8
+  config.train.batch_warmup_tokens = 300_000
+  config.train.log_every = 50
+  config.train.eval_every = 250
+  config.train.checkpoint_every = 250
+  return config
+
+
+def warmup_to(config: ml_collections.ConfigDict, tokens: int) -> int:
+  """The steps from the run's start until `tokens` tokens, the batch warm-up included: a
+  learning-rate warm-up given in tokens (t_warmup), as steps."""
+  return phases.Plan(config).steps_for_tokens(0, tokens)

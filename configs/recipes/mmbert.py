@@ -31,10 +31,7 @@ What differs from the original and why: docs/recipes.md.
 
 import ml_collections
 
-from configs import modern_base
-from configs import tiny
 from configs.recipes import common
-from mlm_jax import phases
 
 # The three yamls (JHU-CLSP/mmBERT) and the paper.
 _PRETRAIN = 'configs/mmBERT-base.yaml'
@@ -78,13 +75,37 @@ def language_sources(root: str, phase: str, languages: tuple[str, ...]) -> tuple
 
 
 def _published(root: str) -> ml_collections.ConfigDict:
-  # ModernBERT-base's shape (L=22, d=768, 12 heads, GeGLU 1152, local window 128, a global
-  # layer every 3, LayerNorm eps 1e-5): model_config of _PRETRAIN.
-  config = modern_base.get_config()
-  # seed: 21 (_PRETRAIN).
-  config.seed = 21
-  # max_seq_len: 1024 (_PRETRAIN).
-  config.data.seq_len = 1024
+  # ModernBERT-base's shape: model_config of _PRETRAIN, under FlexBERT's trainer
+  # (common.flexbert). sequence_packing: true (_PRETRAIN): ModernBERT's packer masks 80%
+  # [MASK], 10% a random id drawn uniformly, 10% kept (src/sequence_packer.py of
+  # AnswerDotAI/ModernBERT).
+  config = common.flexbert(
+      # seed: 21 (_PRETRAIN).
+      seed=21,
+      # max_seq_len: 1024 (_PRETRAIN).
+      seq_len=1024,
+      # 30% masking (_PAPER; _PRETRAIN has mlm_probability: 0.25, the paper and the issue 30%).
+      select_rate=0.3,
+      # rotary_emb_base: 10000, local_attn_rotary_emb_base: 10000 (_PRETRAIN).
+      rope_theta=10_000.0,
+      # optimizer: decoupled_stableadamw, lr: 0.0008, eps: 1.0e-08, betas: [0.9, 0.95]
+      # (_PRETRAIN).
+      learning_rate=8e-4, betas=(0.9, 0.95), eps=1e-8,
+      # weight_decay: 8.0e-05, fully decoupled (_PRETRAIN).
+      decoupled_weight_decay=8e-5,
+      # global_train_batch_size: 4608, device_train_microbatch_size: 48 (_PRETRAIN): 96
+      # micro-batches of 48 rows.
+      batch_size=4608, micro_batches=96,
+      # batch_size_warmup_min_size: 48, batch_size_warmup_tokens: 60000000000tok (_PRETRAIN).
+      # Ours grows linearly in tokens, a micro-batch at a time.
+      batch_warmup_start=48, batch_warmup_tokens=60_000_000_000,
+      # device_eval_batch_size: 36 (_PRETRAIN): rows per evaluation step (global here). The
+      # yamls turn evaluation off (eval_interval: 100000000000ba): every 4,000 steps here, at
+      # the phase's masking rate.
+      eval_batch_size=36, eval_every=4000,
+      # console_log_interval: 25ba; save_interval: 10000000000tok, about 2,100 steps of
+      # 4,608 x 1,024 tokens (_PRETRAIN).
+      log_every=25, checkpoint_every=2100)
   # tokenizer_name: google/gemma-2-9b, vocab_size: 256000 (_PRETRAIN): Gemma 2's sentencepiece
   # BPE with byte fallback. Set config.tokenizer.model_file to its tokenizer.json (or
   # tokenizer.model) to use it; left empty, a sentencepiece BPE of 256,000 pieces is trained.
@@ -94,58 +115,10 @@ def _published(root: str) -> ml_collections.ConfigDict:
   # The pretraining mixture: 61 languages and code, drawn with exponent 0.7 (_PAPER).
   config.data.sources = language_sources(root, 'pretrain', PRETRAIN_LANGUAGES)
   config.data.temperature = 1 / 0.7
-  # 30% masking (_PAPER; _PRETRAIN has mlm_probability: 0.25, the paper and the issue 30%).
-  config.masking.select_rate = 0.3
-  # P for 30% of a 1,024-token row: round(0.3 x 1,022) = 307, up to a multiple of 8 (common.py).
-  config.masking.max_predictions = common.max_predictions(0.3, 1024, 8)
-  # sequence_packing: true (_PRETRAIN): ModernBERT's packer masks 80% [MASK], 10% a random id
-  # drawn uniformly, 10% kept (src/sequence_packer.py of AnswerDotAI/ModernBERT).
-  config.masking.mask_prob = 0.8
-  config.masking.random_prob = 0.1
-  config.masking.random_source = 'uniform'
-  # mlp_dropout_prob 0, embed_dropout_prob 0, attention_probs_dropout_prob 0 (_PRETRAIN); its
-  # attn_out_dropout_prob 0.1 (attention output only) has no field here: 0, as the published
-  # jhu-clsp/mmBERT-base config.json (attention_dropout 0.0).
-  config.model.dropout_rate = 0.0
-  config.model.attention_dropout_rate = 0.0
-  # rotary_emb_base: 10000, local_attn_rotary_emb_base: 10000 (_PRETRAIN).
-  config.model.global_rope_theta = 10_000.0
-  config.model.local_rope_theta = 10_000.0
-  # Rows of max_seq_len in this phase (rotary positions: no table; the ext phase raises it).
-  config.model.max_position_embeddings = 1024
-  # optimizer: decoupled_stableadamw, lr: 0.0008, eps: 1.0e-08, betas: [0.9, 0.95] (_PRETRAIN).
-  config.train.optimizer = 'stable_adamw'
-  config.train.learning_rate = 8e-4
-  config.train.adam_b1 = 0.9
-  config.train.adam_b2 = 0.95
-  config.train.adam_eps = 1e-8
-  # weight_decay: 8.0e-05, fully decoupled (the weights shrink by 8e-5 x lr/peak per step);
-  # ours is scaled by the learning rate, so 8e-5 / 8e-4. filter_bias_norm_wd: true (ours too).
-  config.train.weight_decay = 8e-5 / 8e-4
-  # No gradient clipping in the yamls: StableAdamW's per-tensor update clipping instead.
-  config.train.grad_clip_norm = 0.0
-  # global_train_batch_size: 4608, device_train_microbatch_size: 48 (_PRETRAIN): 96
-  # micro-batches of 48 rows.
-  config.train.batch_size = 4608
-  config.train.grad_accum_steps = 96
-  # batch_size_warmup_min_size: 48, batch_size_warmup_tokens: 60000000000tok (_PRETRAIN). Ours
-  # grows linearly in tokens, a micro-batch at a time.
-  config.train.batch_warmup_start = 48
-  config.train.batch_warmup_tokens = 60_000_000_000
-  # device_eval_batch_size: 36 (_PRETRAIN): rows per evaluation step (global here). The yamls
-  # turn evaluation off (eval_interval: 100000000000ba): every 4,000 steps here, at the
-  # phase's masking rate.
-  config.eval.batch_size = 36
-  config.train.eval_every = 4000
-  # console_log_interval: 25ba; save_interval: 10000000000tok, about 2,100 steps of
-  # 4,608 x 1,024 tokens (_PRETRAIN).
-  config.train.log_every = 25
-  config.train.checkpoint_every = 2100
   # save_num_checkpoints_to_keep: 10 (_PRETRAIN).
   config.train.keep_checkpoints = 10
   # scheduler warmup_stable_decay, t_warmup: 3000000000tok, t_decay: 0tok (_PRETRAIN): a
   # warm-up, then the peak ('constant'); the warm-up's steps are set below.
-  config.train.warmup_steps = 0
   # The ext and decay phases: max_seq_len: 8192, rotary_emb_base and local_attn_rotary_emb_base
   # 160000.0 (_EXT, _DECAY); device_train_microbatch_size: 6 there, here micro-batches of 8
   # rows (576 of them): 4,608 / 6 does not split over 4 chips.
@@ -178,36 +151,17 @@ def _published(root: str) -> ml_collections.ConfigDict:
           train=dict(schedule='decay', decay_shape='1-sqrt', final_lr_ratio=0.02))),
   )
   # t_warmup: 3000000000tok (_PRETRAIN): the steps that reach 3B tokens under the batch warm-up.
-  config.train.warmup_steps = phases.Plan(config).steps_for_tokens(0, 3_000_000_000)
+  config.train.warmup_steps = common.warmup_to(config, 3_000_000_000)
   return config
 
 
 def _tiny() -> ml_collections.ConfigDict:
-  # configs/tiny.py: its model (L=4, d=128, GeGLU 344, 4 heads), tokenizer (1,000 pieces,
-  # trained on the built-in corpus) and peak rate 2e-3, 100 warm-up steps. The built-in corpus
-  # is one source: no language mixture, no temperature.
-  config = tiny.get_config()
-  # As the published recipe: 30% masking, StableAdamW with betas (0.9, 0.95) and eps 1e-8, no
-  # global-norm clipping, rotary base 10,000 until the ext phase, random replacements drawn
-  # uniformly.
-  config.masking.select_rate = 0.3
-  config.masking.max_predictions = common.max_predictions(0.3, 128)
-  config.masking.random_source = 'uniform'
-  config.model.global_rope_theta = 10_000.0
-  config.model.local_rope_theta = 10_000.0
-  config.train.optimizer = 'stable_adamw'
-  config.train.adam_b2 = 0.95
-  config.train.adam_eps = 1e-8
-  config.train.grad_clip_norm = 0.0
-  # The batch warms up from 8 rows to 16 (tiny.py's) over the first 0.3M tokens, a micro-batch
-  # of 8 at a time (mmBERT: 48 -> 4,608 over 60B tokens).
-  config.train.batch_size = 16
-  config.train.grad_accum_steps = 2
-  config.train.batch_warmup_start = 8
-  config.train.batch_warmup_tokens = 300_000
-  config.train.log_every = 50
-  config.train.eval_every = 250
-  config.train.checkpoint_every = 250
+  # configs/tiny.py's model trained as the published recipe (common.flexbert_tiny): 30%
+  # masking, StableAdamW with betas (0.9, 0.95) and eps 1e-8, no global-norm clipping, rotary
+  # base 10,000 until the ext phase, random replacements drawn uniformly; the batch warmed up
+  # from 8 rows to 16 over the first 0.3M tokens (mmBERT: 48 -> 4,608 over 60B tokens). The
+  # built-in corpus is one source: no language mixture, no temperature.
+  config = common.flexbert_tiny(betas=(0.9, 0.95), eps=1e-8)
   long_model = dict(max_position_embeddings=256, global_rope_theta=160_000.0,
                     local_rope_theta=160_000.0)
   config.phases = (

@@ -25,10 +25,7 @@ What differs from the original and why: docs/recipes.md.
 
 import ml_collections
 
-from configs import modern_base
-from configs import tiny
 from configs.recipes import common
-from mlm_jax import phases
 
 # The three yamls of the recipe (AnswerDotAI/ModernBERT, branch pretraining_documentation).
 _PRETRAIN = 'yamls/modernbert/modernbert-base-pretrain.yaml'
@@ -38,89 +35,53 @@ _DECAY = 'yamls/modernbert/modernbert-base-learning-rate-decay.yaml'
 
 def get_config(arg: str = '') -> ml_collections.ConfigDict:
   """arg '' : the published recipe; 'tiny': its phases on a 2-core CPU; 'smoke': tiny, cut."""
-  if arg == '':
-    return _published()
-  if arg == 'tiny':
-    return _tiny()
-  if arg == 'smoke':
-    return common.smoke(_tiny())
-  raise ValueError(f"configs/recipes/modernbert.py takes '', 'tiny' or 'smoke', not {arg!r}: "
-                   'e.g. --config=configs/recipes/modernbert.py:tiny')
+  return common.variant('modernbert', arg, _published, _tiny)
 
 
 def _published() -> ml_collections.ConfigDict:
-  # ModernBERT-base's shape (L=22, d=768, 12 heads, GeGLU 1152, local window 128, a global
-  # layer every 3, LayerNorm eps 1e-5, vocab 50,368): model_config of _PRETRAIN.
-  config = modern_base.get_config()
-  # seed: 17 (_PRETRAIN).
-  config.seed = 17
+  # ModernBERT-base's shape (vocab 50,368): model_config of _PRETRAIN, under FlexBERT's trainer
+  # (common.flexbert: 80/10/10 masking with uniform random ids, no dropout, StableAdamW with
+  # fully decoupled weight decay, no gradient clipping).
+  config = common.flexbert(
+      # seed: 17 (_PRETRAIN).
+      seed=17,
+      # max_seq_len: 1024 (_PRETRAIN).
+      seq_len=1024,
+      # mlm_probability: 0.3 (_PRETRAIN; "FlexBERT should use 30% masking"); P for 30% of a
+      # 1,024-token row: round(0.3 x 1,022) = 307, up to a multiple of 8.
+      select_rate=0.3,
+      # rotary_emb_base: 10000.0 for every layer in pretraining (_PRETRAIN; no local base given).
+      rope_theta=10_000.0,
+      # optimizer: decoupled_stableadamw, lr: 8e-4, betas [0.9, 0.98], eps 1.0e-06 (_PRETRAIN;
+      # main.py builds optimi's StableAdamW).
+      learning_rate=8e-4, betas=(0.9, 0.98), eps=1e-6,
+      # weight_decay: 1.0e-5, fully decoupled (_PRETRAIN; main.py: decouple_lr=True).
+      decoupled_weight_decay=1e-5,
+      # global_train_batch_size: 4608 (_PRETRAIN). device_train_microbatch_size: 96 per GPU
+      # there; here micro-batches of 48 rows (96 of them): 96 rows of 1,024 tokens took 58 GiB
+      # on one H100 in the pre-flight, over its budget; 48 fit one H100, and 12 per chip a v5p-8.
+      batch_size=4608, micro_batches=96,
+      # batch_size_warmup_min_size: 96 (${device_train_microbatch_size}) and
+      # batch_size_warmup_tokens: 50_000_000_000tok (_PRETRAIN). The shape differs: ModernBERT's
+      # packer (src/sequence_packer.py BatchSizeWarmupScheduler) spends steps in proportion to
+      # each micro-batch count; ours raises the batch linearly in tokens, a micro-batch at a time.
+      batch_warmup_start=96, batch_warmup_tokens=50_000_000_000,
+      # global_eval_batch_size: 1024 is 8 GPUs x device_eval_batch_size 128 (_PRETRAIN); our
+      # evaluation has no micro-batches, so 128 rows per evaluation step (any device count
+      # divides it). The yamls evaluate at 15% masking, ours at the phase's select_rate.
+      # eval_interval: 4000ba, save_interval: 4000ba, console_log_interval: 100ba (_PRETRAIN);
+      # save_num_checkpoints_to_keep: -1 keeps all of them; we keep the last 3 (the default).
+      eval_batch_size=128, eval_every=4000, checkpoint_every=4000, log_every=100)
   # Your corpus (text files, parquet, a datasets dir): ModernBERT's 2T-token mixture of web,
   # code and scientific text is not published as files; set --config.data.corpus=...
   config.data.corpus = ''
-  # max_seq_len: 1024 (_PRETRAIN).
-  config.data.seq_len = 1024
   # tokenizer_name: answerdotai/ModernBERT-base (_PRETRAIN), a byte-level BPE (OLMo's, 50,280
   # tokens padded to 50,368). To use it, set config.tokenizer.model_file to its tokenizer.json;
   # left empty, a byte-level BPE of the same size is trained on your corpus.
   config.tokenizer.kind = 'bpe'
-  # mlm_probability: 0.3 (_PRETRAIN; "FlexBERT should use 30% masking").
-  config.masking.select_rate = 0.3
-  # P for 30% of a 1,024-token row: round(0.3 x 1,022) = 307, up to a multiple of 8 (common.py).
-  config.masking.max_predictions = common.max_predictions(0.3, 1024, 8)
-  # src/sequence_packer.py (mlm_mask_sequence): of the selected tokens 80% [MASK], 10% a random
-  # id drawn uniformly from [0, max id of the batch], 10% kept.
-  config.masking.mask_prob = 0.8
-  config.masking.random_prob = 0.1
-  config.masking.random_source = 'uniform'
-  # embed_dropout_prob 0.0, mlp_dropout_prob 0.0, attention_probs_dropout_prob 0.0 (_PRETRAIN).
-  # Its attn_out_dropout_prob 0.1 (dropout on the attention output only) has no field here:
-  # 0, as the published answerdotai/ModernBERT-base config.json (attention_dropout 0.0).
-  config.model.dropout_rate = 0.0
-  config.model.attention_dropout_rate = 0.0
-  # rotary_emb_base: 10000.0 for every layer in pretraining (_PRETRAIN; no local base given).
-  config.model.global_rope_theta = 10_000.0
-  config.model.local_rope_theta = 10_000.0
-  # Rows of max_seq_len in this phase (rotary positions: no table, the context phase raises it).
-  config.model.max_position_embeddings = 1024
-  # optimizer: decoupled_stableadamw (_PRETRAIN; main.py builds optimi's StableAdamW).
-  config.train.optimizer = 'stable_adamw'
-  # lr: 8e-4, betas [0.9, 0.98], eps 1.0e-06 (_PRETRAIN).
-  config.train.learning_rate = 8e-4
-  config.train.adam_b1 = 0.9
-  config.train.adam_b2 = 0.98
-  config.train.adam_eps = 1e-6
-  # weight_decay: 1.0e-5, fully decoupled (main.py: decouple_lr=True: each step multiplies the
-  # weights by 1 - 1e-5 x lr/peak lr). Ours is scaled by the learning rate (optax), so the same
-  # decay is 1e-5 / 8e-4. Biases and norms are not decayed (filter_bias_norm_wd: true).
-  config.train.weight_decay = 1e-5 / 8e-4
-  # No gradient clipping in the yamls (no algorithms section): StableAdamW's per-tensor update
-  # clipping takes its place.
-  config.train.grad_clip_norm = 0.0
-  # global_train_batch_size: 4608 (_PRETRAIN).
-  config.train.batch_size = 4608
-  # device_train_microbatch_size: 96 (_PRETRAIN), per GPU. Here micro-batches of 48 rows (96
-  # of them): 96 rows of 1,024 tokens took 58 GiB on one H100 in the pre-flight, over its
-  # budget; 48 fit one H100, and 12 per chip a v5p-8.
-  config.train.grad_accum_steps = 96
-  # batch_size_warmup_min_size: 96 (${device_train_microbatch_size}) and
-  # batch_size_warmup_tokens: 50_000_000_000tok (_PRETRAIN). The shape differs: ModernBERT's
-  # packer (src/sequence_packer.py BatchSizeWarmupScheduler) spends steps in proportion to
-  # each micro-batch count; ours raises the batch linearly in tokens, a micro-batch at a time.
-  config.train.batch_warmup_start = 96
-  config.train.batch_warmup_tokens = 50_000_000_000
-  # global_eval_batch_size: 1024 is 8 GPUs x device_eval_batch_size 128 (_PRETRAIN); our
-  # evaluation has no micro-batches, so 128 rows per evaluation step (any device count divides
-  # it). The yamls evaluate at 15% masking, ours at the phase's select_rate.
-  config.eval.batch_size = 128
-  # eval_interval: 4000ba, save_interval: 4000ba, console_log_interval: 100ba (_PRETRAIN).
-  config.train.eval_every = 4000
-  config.train.checkpoint_every = 4000
-  config.train.log_every = 100
-  # save_num_checkpoints_to_keep: -1 keeps all of them; we keep the last 3 (the default).
   # scheduler warmup_stable_decay with t_decay: 0tok and alpha_f 0.0 (_PRETRAIN): a warm-up,
   # then the peak to the end of the phase ('constant'); t_warmup: 3_000_000_000tok, set below
   # as the steps that reach 3B tokens under the batch warm-up.
-  config.train.warmup_steps = 0
   config.phases = (
       # max_duration: 1_719_000_000_000tok (_PRETRAIN).
       dict(name='pretrain', tokens=1_719_000_000_000,
@@ -150,39 +111,16 @@ def _published() -> ml_collections.ConfigDict:
           train=dict(schedule='decay', decay_shape='1-sqrt', final_lr_ratio=0.001,
                      eval_every=1000, checkpoint_every=1000))),
   )
-  config.train.warmup_steps = _steps_to(config, 3_000_000_000)
+  config.train.warmup_steps = common.warmup_to(config, 3_000_000_000)
   return config
 
 
-def _steps_to(config: ml_collections.ConfigDict, tokens: int) -> int:
-  """The steps from the run's start until `tokens` tokens, the batch warm-up included."""
-  return phases.Plan(config).steps_for_tokens(0, tokens)
-
-
 def _tiny() -> ml_collections.ConfigDict:
-  # configs/tiny.py: its model (L=4, d=128, GeGLU 344, 4 heads), tokenizer (1,000 pieces,
-  # trained on the built-in corpus), peak rate 2e-3, 100 warm-up steps, Adam beta2 0.98.
-  config = tiny.get_config()
-  # As the published recipe: 30% masking at the first length, StableAdamW, no global-norm
-  # clipping, every layer at rotary base 10,000 until the context phase, random replacements
-  # drawn uniformly.
-  config.masking.select_rate = 0.3
-  config.masking.max_predictions = common.max_predictions(0.3, 128)
-  config.masking.random_source = 'uniform'
-  config.model.global_rope_theta = 10_000.0
-  config.model.local_rope_theta = 10_000.0
-  config.train.optimizer = 'stable_adamw'
-  config.train.grad_clip_norm = 0.0
-  # The batch warms up from 8 rows to 16 (tiny.py's) over the first 0.3M tokens, a micro-batch
-  # of 8 at a time (ModernBERT: 96 -> 4,608 over 50B tokens, micro-batches of 96).
-  config.train.batch_size = 16
-  config.train.grad_accum_steps = 2
-  config.train.batch_warmup_start = 8
-  config.train.batch_warmup_tokens = 300_000
-  # About 1,600 steps in all: an evaluation every 250 steps and at each phase's end.
-  config.train.log_every = 50
-  config.train.eval_every = 250
-  config.train.checkpoint_every = 250
+  # configs/tiny.py's model trained as the published recipe (common.flexbert_tiny): 30% masking
+  # at the first length, StableAdamW, no global-norm clipping, every layer at rotary base
+  # 10,000 until the context phase, random replacements drawn uniformly; the batch warmed up
+  # from 8 rows to 16 over the first 0.3M tokens (ModernBERT: 96 -> 4,608 over 50B tokens).
+  config = common.flexbert_tiny()
   config.phases = (
       dict(name='pretrain', tokens=2_000_000,
            overrides=dict(train=dict(schedule='constant'))),

@@ -33,14 +33,7 @@ _PAPER = 'Liu et al. 2019'
 
 def get_config(arg: str = '') -> ml_collections.ConfigDict:
   """arg '' : the published recipe; 'tiny': scaled to a 2-core CPU; 'smoke': tiny, cut."""
-  if arg == '':
-    return _published()
-  if arg == 'tiny':
-    return _tiny()
-  if arg == 'smoke':
-    return _smoke()
-  raise ValueError(f"configs/recipes/roberta.py takes '', 'tiny' or 'smoke', not {arg!r}: "
-                   'e.g. --config=configs/recipes/roberta.py:tiny')
+  return common.variant('roberta', arg, _published, _tiny, _smoke)
 
 
 def _roberta_recipe(config: ml_collections.ConfigDict) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 
 import ml_collections
 
-from configs import tiny
+from mlm_jax.config import fields
 from mlm_jax.data import corpus as corpus_lib
 
 # The domain: packages whose docstrings make the domain corpus.
@@ -48,17 +48,6 @@ DOMAIN_PACKAGES = ('numpy', 'scipy')
 TASK_LABELS = ('stats', 'optimize', 'signal', 'sparse', 'interpolate', 'special', 'linalg',
                'spatial', 'integrate')
 TASK_TEXT_CHARS = 400
-
-
-def default_config() -> ml_collections.ConfigDict:
-  """configs/tiny.py (a small ModernBERT) with a byte-level BPE tokenizer of 2,000 ids."""
-  config = tiny.get_config()
-  config.tokenizer.kind = 'bpe'
-  config.tokenizer.vocab_size = 2000
-  config.data.val_fraction = 0.05
-  config.train.eval_every = 1_000_000  # Only at the end.
-  config.train.checkpoint_every = 1_000_000
-  return config
 
 
 # ------------------------------------------------------------------ corpora
@@ -118,7 +107,7 @@ def make_published(out: str, config: ml_collections.ConfigDict, general: str,
     return published
   config = _with(config, {'data.corpus': general,
                           'data.data_dir': os.path.join(out, 'data', 'general')})
-  data = prepare.prepare(config)
+  data = prepare.prepare(*fields.data_request(config))
   start = time.perf_counter()
   model, figures = side_by_side.train_hf_model(config, log)
   tmp = published + '.tmp'
@@ -155,29 +144,27 @@ def _trained(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   """Trains `config` in `workdir` (or finds it trained), then evaluates its last weights as
   every other model here is evaluated."""
   from mlm_jax.training import loop  # pylint: disable=import-outside-toplevel
-  loop.train_and_evaluate(_resolved(config), workdir)
+  loop.train_and_evaluate(_resolved(config, workdir), workdir)
   return _figures(loop.evaluate_start(_resolved(_with(
-      config, {'init.hf_dir': '', 'init.workdir': workdir, 'tokenizer.model_file': ''}))))
+      config, {'init.hf_dir': '', 'init.workdir': workdir, 'tokenizer.model_file': ''})).config))
 
 
-def _resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`config` as a run uses it (configuration.resolve): what each stage hands the loop."""
+def _resolved(config: ml_collections.ConfigDict, workdir: str | None = None) -> Any:
+  """`config` as a run uses it (run_plan.resolve, a RunPlan): what each stage hands the loop."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from mlm_jax import configuration  # pylint: disable=import-outside-toplevel
-  return configuration.resolve(config, num_devices=jax.device_count())
+  from mlm_jax.config import run_plan  # pylint: disable=import-outside-toplevel
+  return run_plan.resolve(config, num_devices=jax.device_count(), workdir=workdir)
 
 
 def run(out: str, *, general_steps: int = 2000, domain_steps: int = 1000,
         learning_rates: Sequence[float] = (1e-4, 3e-4, 1e-3), warmup_fraction: float = 0.1,
-        config: ml_collections.ConfigDict | None = None,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        config: ml_collections.ConfigDict, log: Callable[[str], None] = print) -> dict[str, Any]:
   """Every stage (each kept in OUT and reused when run again); returns the figures."""
   from mlm_jax.finetuning import config as ft_config  # pylint: disable=import-outside-toplevel
   from mlm_jax.finetuning import loop as ft_loop  # pylint: disable=import-outside-toplevel
   from mlm_jax.training import loop  # pylint: disable=import-outside-toplevel
   out = os.path.abspath(out)
-  config = config or default_config()
   paths = write_corpora(out)
   published = make_published(out, _with(config, {'train.num_steps': general_steps}),
                              paths['general'], log)
@@ -202,7 +189,7 @@ def run(out: str, *, general_steps: int = 2000, domain_steps: int = 1000,
     return result[name]
 
   before = _with(domain, {'init.hf_dir': published})
-  stage('before', lambda: _figures(loop.evaluate_start(_resolved(before))))
+  stage('before', lambda: _figures(loop.evaluate_start(_resolved(before).config)))
   warmup = max(1, round(warmup_fraction * domain_steps))
   for lr in learning_rates:
     stage(f'continued_lr{lr:g}', lambda lr=lr: _trained(
@@ -213,9 +200,9 @@ def run(out: str, *, general_steps: int = 2000, domain_steps: int = 1000,
   best_dir = os.path.join(out, f'continued_lr{best:g}')
   general_heldout = _with(config, {'data.corpus': paths['general'], 'data.data_dir': general_data})
   stage('general_before', lambda: _figures(loop.evaluate_start(
-      _resolved(_with(general_heldout, {'init.hf_dir': published})))))
+      _resolved(_with(general_heldout, {'init.hf_dir': published})).config)))
   stage('general_after', lambda: _figures(loop.evaluate_start(
-      _resolved(_with(general_heldout, {'init.workdir': best_dir})))))
+      _resolved(_with(general_heldout, {'init.workdir': best_dir})).config)))
   scratch_dir = os.path.join(out, 'scratch')
   stage('scratch', lambda: _trained(_with(domain, {'tokenizer.model_file': published}),
                                     scratch_dir))

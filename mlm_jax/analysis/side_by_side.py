@@ -28,13 +28,16 @@ import jax
 import ml_collections
 import numpy as np
 
-from mlm_jax import configuration
-from mlm_jax.errors import require
+from mlm_jax.config import checks
+from mlm_jax.config import fields
+from mlm_jax.config import run_plan
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
-from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.data import prepared
+from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.errors import ConfigError
+from mlm_jax.errors import require
 from mlm_jax.interop import torch_mlm
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
@@ -50,7 +53,7 @@ FIGURES = ('loss', 'mlm_accuracy', 'baseline_accuracy', 'mask_accuracy',
 
 def check(config: ml_collections.ConfigDict, seeds: Sequence[int]) -> None:
   """ConfigError for what the comparison cannot run, before anything trains."""
-  configuration.validate(config, num_devices=jax.device_count())
+  checks.validate(config, num_devices=jax.device_count())
   require(len(seeds) > 0, '--seeds must name at least one seed, e.g. --seeds=0,1,2.')
   require(len(set(seeds)) == len(seeds), f'--seeds={",".join(map(str, seeds))} repeats a seed.')
   require(config.sentence_pair.task == 'none',
@@ -99,8 +102,8 @@ def _ours(config: ml_collections.ConfigDict, seed_dir: str) -> dict[str, Any]:
       done = json.load(f)
     if done.get('final_eval_step') == config.train.num_steps and 'eval_mask_accuracy' in done:
       return _ours_figures(done)
-  resolved = configuration.resolve(config, num_devices=jax.device_count())
-  return _ours_figures(loop.train_and_evaluate(resolved, seed_dir))
+  run = run_plan.resolve(config, num_devices=jax.device_count(), workdir=seed_dir)
+  return _ours_figures(loop.train_and_evaluate(run, seed_dir))
 
 
 def _as_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -112,7 +115,7 @@ def _check_same_config(saved: dict[str, Any], config: ml_collections.ConfigDict,
   """ConfigError if a kept result was made with another config: it is kept, not reused."""
   saved = {k: v for k, v in saved.items() if k != 'resolved'}
   if saved != _as_json(config):
-    raise configuration.ConfigError(
+    raise ConfigError(
         f'{path} holds a run of another config; give side_by_side a new --workdir (the '
         'results there are left as they are).')
 
@@ -148,8 +151,8 @@ def train_hf_model(config: ml_collections.ConfigDict, log: Callable[[str], None]
                    ) -> tuple[torch_mlm.TorchMLM, dict[str, Any]]:
   """(the trained model, train_hf's figures): the model also saves itself in the hub's layout."""
   start = time.perf_counter()
-  config = configuration.resolve(config, num_devices=jax.device_count())
-  data = prepare.prepare(config)
+  config = run_plan.resolve(config, num_devices=jax.device_count()).config
+  data = prepare.prepare(*fields.data_request(config))
   masker = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   mesh = sharding.make_mesh(config.mesh.fsdp)
   # Our model's shape and compute dtype, as the trainer resolves them; nothing is allocated.

@@ -34,10 +34,10 @@ import pyarrow.parquet as pq
 
 from mlm_jax.data import paths
 from mlm_jax.data import sources as sources_lib
-from mlm_jax.data.sources import CorpusError
 from mlm_jax.data.sources import Ids
 from mlm_jax.data.sources import Tally
 from mlm_jax.data.sources import Unit
+from mlm_jax.errors import CorpusError
 
 # What save_to_disk writes beside its Arrow files (a DatasetDict: one folder per split).
 _STATE, _DATASET_DICT = 'state.json', 'dataset_dict.json'

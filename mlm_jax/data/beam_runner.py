@@ -37,8 +37,8 @@ import apache_beam as beam
 from apache_beam import runners
 from apache_beam.options import pipeline_options
 
-from mlm_jax.errors import ConfigError
 from mlm_jax.data import packing
+from mlm_jax.errors import ConfigError
 
 
 def check_options(options: list[str]) -> None:

@@ -55,18 +55,18 @@ from typing import Any
 
 import ml_collections
 
-from mlm_jax.errors import ConfigError
-from mlm_jax.errors import one_of
-from mlm_jax.errors import require
 from mlm_jax.data import arrow_source
 from mlm_jax.data import mds_source
 from mlm_jax.data import mixture
 from mlm_jax.data import paths
 from mlm_jax.data import sources as sources_lib
 from mlm_jax.data import tfds_source
-from mlm_jax.data.sources import CorpusError
 from mlm_jax.data.sources import Tally
 from mlm_jax.data.sources import Unit
+from mlm_jax.errors import ConfigError
+from mlm_jax.errors import CorpusError
+from mlm_jax.errors import one_of
+from mlm_jax.errors import require
 
 # Standard-library folders that are tests, third-party code or tooling rather
 # than documentation.

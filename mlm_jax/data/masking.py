@@ -41,9 +41,9 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
+from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.errors import one_of
 from mlm_jax.errors import require
-from mlm_jax.data import tokenizer as tok_lib
 
 MODES = ('token', 'whole_word', 'span')
 # What a masked slot's input showed, in batch['masked_kinds'] [b, P]: index + 1

@@ -35,8 +35,8 @@ from mlm_jax.data import corpus as corpus_lib
 from mlm_jax.data import line_sample
 from mlm_jax.data import packed_rows
 from mlm_jax.data import tokenizer as tok_lib
-from mlm_jax.data.sources import CorpusError
 from mlm_jax.data.sources import Ids
+from mlm_jax.errors import CorpusError
 
 # Texts per tokenizer encode call.
 _DOCS_PER_CHUNK = 2000

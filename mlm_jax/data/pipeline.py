@@ -31,12 +31,12 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from mlm_jax.errors import one_of
-from mlm_jax.errors import require
 from mlm_jax.data import index_shuffle
 from mlm_jax.data import masking
 from mlm_jax.data import packed_rows
 from mlm_jax.data import sentence_pairs
+from mlm_jax.errors import one_of
+from mlm_jax.errors import require
 
 # Rows read and masked per call in a worker (rounded to whole steps).
 CHUNK_ROWS = 1024

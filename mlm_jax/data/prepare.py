@@ -50,11 +50,12 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from collections.abc import Mapping
+from typing import Any
 
 import ml_collections
 import numpy as np
 
-from mlm_jax.errors import require
 from mlm_jax.data import corpus as corpus_lib
 from mlm_jax.data import line_sample
 from mlm_jax.data import packed_rows
@@ -67,6 +68,7 @@ from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.data.prepared import SPLITS
 from mlm_jax.data.prepared import split_name
 from mlm_jax.data.prepared import split_names
+from mlm_jax.errors import require
 from mlm_jax.runtime import cores
 
 # Raw ids per shard of rows (rows = this / (4 T)).
@@ -89,10 +91,14 @@ def _tokenizer_path(directory: str, tok: ml_collections.ConfigDict) -> str:
   return os.path.join(directory, prepared.SP_TOKENIZER if sentencepiece else prepared.HF_TOKENIZER)
 
 
-def prepare(config: ml_collections.ConfigDict,
+def prepare(data: ml_collections.ConfigDict, tok: ml_collections.ConfigDict,
+            rows: Mapping[str, Any],
             beam_options: list[str] | None = None) -> prepared.PreparedData:
-  """The prepared data for `config`, prepared first (or finished, or its tfds export added) if
-  needed; then read as data/prepared.py reads it.
+  """The prepared data of config.data `data` with config.tokenizer `tok`, prepared first (or
+  finished, or its tfds export added) if needed; then read as data/prepared.py reads it.
+
+  `rows`: data's rows key (config/fields.py's rows_key), which names the data dir
+  (prepared.fingerprint).
 
   `beam_options`: run the stages on Apache Beam with these pipeline options
   (e.g. ['--runner=DirectRunner', '--direct_num_workers=2']); None: local
@@ -100,19 +106,19 @@ def prepare(config: ml_collections.ConfigDict,
   """
   if beam_options is not None:
     _import_beam_runner().check_options(beam_options)  # Before anything is read or written.
-  corpus = corpus_lib.resolve(config.data)
-  data_dir, fp = prepared.resolve_data_dir(config, corpus)
-  names = prepared.part_names(config)
+  corpus = corpus_lib.resolve(data)
+  data_dir, fp = prepared.resolve_data_dir(data, tok, rows, corpus)
+  names = prepared.part_names(data)
   if paths.is_url(data_dir):
-    return prepared.load(_prepare_remote(data_dir, fp, config, beam_options), names)
+    return prepared.load(_prepare_remote(data_dir, fp, data, tok, rows, beam_options), names)
   if prepared.is_prepared(data_dir, fp):
-    if config.data.tfds_export and not prepared.has_tfds_export(data_dir):
-      _add_export(data_dir, config, beam_options)
+    if data.tfds_export and not prepared.has_tfds_export(data_dir):
+      _add_export(data_dir, data, beam_options)
     return prepared.load(data_dir, names)
   partial = data_dir + '.partial'
   _open_partial(partial, fp)
   try:
-    report = _prepare_into(partial, corpus, config, beam_options)
+    report = _prepare_into(partial, corpus, data, tok, beam_options)
   except corpus_lib.CorpusError:
     shutil.rmtree(partial, ignore_errors=True)  # A rerun cannot help: nothing worth keeping.
     raise
@@ -128,7 +134,8 @@ def prepare(config: ml_collections.ConfigDict,
   return prepared.load(data_dir, names)
 
 
-def _prepare_remote(url: str, fp: dict, config: ml_collections.ConfigDict,
+def _prepare_remote(url: str, fp: dict, data: ml_collections.ConfigDict,
+                    tok: ml_collections.ConfigDict, rows: Mapping[str, Any],
                     beam_options: list[str] | None) -> str:
   """The local copy of a data dir at a bucket URL (training memory-maps its rows).
 
@@ -140,8 +147,8 @@ def _prepare_remote(url: str, fp: dict, config: ml_collections.ConfigDict,
   local = prepared.local_copy_dir(url)
   if prepared.is_prepared(url, fp):
     prepared.copy_down(url, fp)
-    if config.data.tfds_export and not prepared.has_tfds_export(local):
-      _add_export(local, config, beam_options)
+    if data.tfds_export and not prepared.has_tfds_export(local):
+      _add_export(local, data, beam_options)
       logging.info('Copying the tfds export up to %s', url)
       paths.copy_tree(prepared.tfds_dir(local),
                       paths.join(url, 'tfds', prepared.TFDS_NAME, prepared.TFDS_VERSION),
@@ -149,24 +156,24 @@ def _prepare_remote(url: str, fp: dict, config: ml_collections.ConfigDict,
     return local
   if os.path.isdir(local) and not prepared.holds(local, fp):
     shutil.rmtree(local)  # A copy of data the URL no longer holds.
-  local_config = config.copy_and_resolve_references()
-  local_config.data.data_dir = local
-  prepare(local_config, beam_options)
+  local_data = data.copy_and_resolve_references()
+  local_data.data_dir = local
+  prepare(local_data, tok, rows, beam_options)
   logging.info('Copying the data dir %s up to %s', local, url)
   paths.copy_tree(local, url, last=[prepared.FINGERPRINT])
   return local
 
 
-def _add_export(data_dir: str, config: ml_collections.ConfigDict,
+def _add_export(data_dir: str, data: ml_collections.ConfigDict,
                 beam_options: list[str] | None) -> None:
   """Stage 4 alone, for a data dir prepared without the tfds export: from its .npy rows."""
-  data = prepared.load(data_dir)
+  stored = prepared.load(data_dir)
   exporter = _import_tfds_export()
-  splits = exporter.stored_splits(data)
+  splits = exporter.stored_splits(stored)
   num_shards = sum(len(packed_rows.split_paths(data_dir, s)) for s in splits)
   # Spawned workers pay off for many shards; a split or two of one shard each
   # (a small corpus) is exported here.
-  workers = (min(config.data.num_workers or cores.usable_cores(), num_shards)
+  workers = (min(data.num_workers or cores.usable_cores(), num_shards)
              if num_shards > len(splits) else 1)
   logging.info('Adding the tfds export of its rows to %s', data_dir)
   if beam_options is None:
@@ -175,7 +182,7 @@ def _add_export(data_dir: str, config: ml_collections.ConfigDict,
     pool = _import_beam_runner().BeamPool(beam_options, None,
                                           os.path.join(data_dir, 'tfds-beam'))
   with pool:
-    exporter.export(data_dir, pool, splits, data.tokenizer.kind)
+    exporter.export(data_dir, pool, splits, stored.tokenizer.kind)
   shutil.rmtree(os.path.join(data_dir, 'tfds-beam'), ignore_errors=True)
 
 
@@ -216,10 +223,10 @@ def _import_beam_runner():
   return beam_runner
 
 
-def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.ConfigDict,
+def _prepare_into(out: str, corpus: corpus_lib.Corpus, data: ml_collections.ConfigDict,
+                  tok: ml_collections.ConfigDict,
                   beam_options: list[str] | None = None) -> dict:
   """The stages in `out` (DATA_DIR.partial); returns the report. Resumable."""
-  data = config.data
   start = time.perf_counter()
   # Each worker is one process with one thread for sentencepiece, except that
   # a corpus of one unit is tokenized here, with the threads the other
@@ -228,14 +235,14 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Co
   workers = min(requested, max(1, len(corpus.units)))
   # The workers load the tokenizer from there once stage 1 has put it there.
   init_args = (dataclasses.replace(corpus, units=[], tally=corpus_lib.Tally()),
-               _tokenizer_path(out, config.tokenizer), data.val_fraction, data.split_seed,
+               _tokenizer_path(out, tok), data.val_fraction, data.split_seed,
                data.seq_len, workers == 1 and requested > 1 and beam_options is None)
   if beam_options is None:
     pool = packing.Pool(workers, init_args)
   else:
     pool = _import_beam_runner().BeamPool(beam_options, init_args, os.path.join(out, 'beam'))
   with pool:
-    tokenizer, tokenizer_report = _tokenizer(out, corpus, config, pool)        # 1.
+    tokenizer, tokenizer_report = _tokenizer(out, corpus, data, tok, pool)        # 1.
     seconds = {'tokenizer': time.perf_counter() - start}
     units_todo = _tokenize_units(out, corpus, pool, workers)                   # 2.
     seconds['tokenize'] = time.perf_counter() - start - sum(seconds.values())
@@ -406,7 +413,8 @@ def _finish_rows(out: str, shard_lengths: dict[str, list[int]], tokenizer: tok_l
 # ------------------------------------------------------------------ stage 1: tokenizer
 
 
-def _tokenizer(out: str, corpus: corpus_lib.Corpus, config: ml_collections.ConfigDict,
+def _tokenizer(out: str, corpus: corpus_lib.Corpus, data: ml_collections.ConfigDict,
+               tok: ml_collections.ConfigDict,
                pool: packing.Pool) -> tuple[tok_lib.Tokenizer, dict]:
   """The tokenizer in out/tokenizer.model or out/tokenizer/: given, kept from an earlier run,
   or trained.
@@ -423,7 +431,6 @@ def _tokenizer(out: str, corpus: corpus_lib.Corpus, config: ml_collections.Confi
       info_path = os.path.join(out, _OLD_SAMPLE_INFO)
     with open(info_path) as f:
       return tok_lib.load(stored), json.load(f)
-  tok, data = config.tokenizer, config.data
   tmp_dir = os.path.join(out, 'tokenizer-tmp')
   shutil.rmtree(tmp_dir, ignore_errors=True)
   if tok.model_file:

@@ -29,18 +29,20 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Mapping
+from typing import Any
 
 import ml_collections
 import numpy as np
 
-from mlm_jax.errors import ConfigError
-from mlm_jax.errors import require
 from mlm_jax.data import corpus as corpus_lib
 from mlm_jax.data import mixture
 from mlm_jax.data import packed_rows
 from mlm_jax.data import paths
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.errors import ConfigError
 from mlm_jax.errors import DataDirError
+from mlm_jax.errors import require
 
 FORMAT_VERSION = 1
 SPLITS = ('train', 'validation')
@@ -142,19 +144,21 @@ def unknown_rate(counts: np.ndarray, tokenizer: tok_lib.Tokenizer) -> float:
 # ------------------------------------------------------------------ the fingerprint
 
 
-def fingerprint(data: ml_collections.ConfigDict, tok: ml_collections.ConfigDict,
+def fingerprint(rows: Mapping[str, Any], tok: ml_collections.ConfigDict,
                 corpus: corpus_lib.Corpus | None = None) -> dict:
-  """Everything the rows depend on: not num_workers nor tfds_export, which change neither the
-  rows nor the tokenizer (so that adding the export to a data dir keeps its name)."""
+  """Everything the rows depend on, made from `rows`: the rows key of config.data
+  (config/fields.py's rows_key, the fields whose role is ROWS; the phases of a run compare
+  the same key), and the tokenizer. Nothing else of config.data enters it (num_workers,
+  tfds_export, data_dir), so that adding the export to a data dir keeps its name."""
   tokenizer = tokenizer_fingerprint(tok)
-  corpus = corpus or corpus_lib.resolve(data)
+  corpus = corpus or corpus_lib.resolve(ml_collections.ConfigDict(dict(rows)))
   return {
       'format': FORMAT_VERSION,
       'corpus': corpus.description,
       'document_split': corpus.split_rule,
-      'seq_len': data.seq_len,
-      'val_fraction': data.val_fraction,
-      'split_seed': data.split_seed,
+      'seq_len': rows['seq_len'],
+      'val_fraction': rows['val_fraction'],
+      'split_seed': rows['split_seed'],
       'tokenizer': tokenizer,
   }
 
@@ -210,11 +214,12 @@ def default_data_dir(fp: dict) -> str:
   return os.path.join(cache_root(), 'data', f'{name}-T{fp["seq_len"]}-{digest}')
 
 
-def resolve_data_dir(config: ml_collections.ConfigDict,
+def resolve_data_dir(data: ml_collections.ConfigDict, tok: ml_collections.ConfigDict,
+                     rows: Mapping[str, Any],
                      corpus: corpus_lib.Corpus | None = None) -> tuple[str, dict]:
-  """(the data dir of `config`: config.data.data_dir or the cache's, its fingerprint)."""
-  fp = fingerprint(config.data, config.tokenizer, corpus)
-  data_dir = config.data.data_dir or default_data_dir(fp)
+  """(the data dir of config.data `data`: its data_dir or the cache's, its fingerprint)."""
+  fp = fingerprint(rows, tok, corpus)
+  data_dir = data.data_dir or default_data_dir(fp)
   return paths.absolute(data_dir), fp
 
 
@@ -280,9 +285,9 @@ def load(data_dir: str, part_names: tuple[str, ...] = ()) -> PreparedData:
       part_names=part_names)
 
 
-def part_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+def part_names(data: ml_collections.ConfigDict) -> tuple[str, ...]:
   """The names of a mixture's sources (config.data.sources); () for one corpus."""
-  return tuple(m.name for m in mixture.members(config.data))
+  return tuple(m.name for m in mixture.members(data))
 
 
 def local_copy_dir(url: str) -> str:
@@ -302,13 +307,15 @@ def copy_down(url: str, fp: dict) -> str:
   return local
 
 
-def load_prepared(config: ml_collections.ConfigDict) -> PreparedData:
-  """The data `config` trains on, prepared already (by prepare.prepare, in this process or
-  another): no stage runs. DataDirError if it is not prepared."""
-  data_dir, fp = resolve_data_dir(config)
+def load_prepared(data: ml_collections.ConfigDict, tok: ml_collections.ConfigDict,
+                  rows: Mapping[str, Any]) -> PreparedData:
+  """The data of config.data `data` and config.tokenizer `tok` (`rows`: data's rows key, see
+  fingerprint), prepared already (by prepare.prepare, in this process or another): no stage
+  runs. DataDirError if it is not prepared."""
+  data_dir, fp = resolve_data_dir(data, tok, rows)
   if not is_prepared(data_dir, fp):
     raise DataDirError(f'{data_dir} holds no prepared data for this config: prepare it first '
                        'with `python -m mlm_jax.prepare --config=FILE` (the same config).')
   if paths.is_url(data_dir):
     data_dir = copy_down(data_dir, fp)
-  return load(data_dir, part_names(config))
+  return load(data_dir, part_names(data))

@@ -18,10 +18,10 @@ from __future__ import annotations
 import ml_collections
 import numpy as np
 
-from mlm_jax.errors import one_of
-from mlm_jax.errors import require
 from mlm_jax.data import masking
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.errors import one_of
+from mlm_jax.errors import require
 
 # config.sentence_pair.task: 'none' leaves rows as packed (RoBERTa).
 TASKS = ('none', 'nsp', 'sop')

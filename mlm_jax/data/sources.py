@@ -25,7 +25,6 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from mlm_jax.errors import CorpusError
 
 # What a Unit covers (Unit.kind).
 UNIT_KINDS = ('files', 'bytes', 'records', 'row_groups', 'batches', 'shards')

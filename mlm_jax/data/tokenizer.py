@@ -23,8 +23,6 @@ from collections.abc import Iterable
 
 import ml_collections
 
-from mlm_jax.errors import one_of
-from mlm_jax.errors import require
 from mlm_jax.data import hf_tokenizer
 from mlm_jax.data import paths
 from mlm_jax.data import sp_tokenizer
@@ -36,6 +34,8 @@ from mlm_jax.data.tokenizer_base import VOCAB_MULTIPLE
 from mlm_jax.data.tokenizer_base import model_vocab_size
 from mlm_jax.data.tokenizer_base import padded_vocab_size
 from mlm_jax.data.tokenizer_base import sanitize
+from mlm_jax.errors import one_of
+from mlm_jax.errors import require
 
 # The factory's own names and the interface's, which the rest of mlm_jax imports from here.
 __all__ = ['KINDS', 'MIN_VOCAB_SIZE', 'ROLES', 'SPECIAL_TOKENS', 'Specials', 'Tokenizer',

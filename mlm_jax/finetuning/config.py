@@ -16,8 +16,8 @@ import math
 import ml_collections
 from ml_collections import config_dict
 
+from mlm_jax.config import train_checks
 from mlm_jax.errors import require
-from mlm_jax import training_config
 
 # The peak learning rate `plan` picks for BERT-base's width (Devlin et al.
 # fine-tune at 2e-5..5e-5) ...
@@ -161,7 +161,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
           '(0: picked from the model width).')
   require(0.0 <= t.warmup_fraction < 1.0,
           f'config.train.warmup_fraction={t.warmup_fraction} must be in [0, 1).')
-  training_config.check_optimizer(t)
+  train_checks.check_optimizer(t)
   require(config.mesh.fsdp >= 1 and num_devices % config.mesh.fsdp == 0,
           f'config.mesh.fsdp={config.mesh.fsdp} must divide the {num_devices} devices.')
   for section in ('train', 'eval'):

@@ -25,9 +25,10 @@ import shutil
 from typing import Any
 
 import jax.numpy as jnp
-import ml_collections
 
 from mlm_jax import model as model_lib
+from mlm_jax.config import fields
+from mlm_jax.config import saved
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.finetuning import data as data_lib
 from mlm_jax.training import checkpoint as ckpt_lib
@@ -121,7 +122,7 @@ def model_config(record: dict[str, Any], dtype: Any = jnp.float32,
   """The encoder's ModelConfig of a model.json record (platform: `overrides`', else here)."""
   overrides.setdefault('platform', model_lib.local_platform())
   return model_lib.ModelConfig.from_config(
-      ml_collections.ConfigDict(record['model']), record['vocab_size'],
+      saved.with_old_values('model', record['model']), record['vocab_size'],
       record['padded_vocab_size'], dtype, **overrides)
 
 
@@ -188,4 +189,4 @@ def load(out_dir: str, step: int | None = None) -> FineTunedModel:
 
 def checkpoint_meta(cfg: model_lib.ModelConfig, record: dict[str, Any]) -> dict[str, Any]:
   """What a checkpoint must agree with to be loaded: the encoder's shapes, the task, the outputs."""
-  return {**cfg.shape_record(), 'task': record['task'], 'num_outputs': record['num_outputs']}
+  return {**fields.shape_record(cfg), 'task': record['task'], 'num_outputs': record['num_outputs']}

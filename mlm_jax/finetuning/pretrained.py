@@ -12,7 +12,7 @@ arrays, its tokenizer, and the row length it was trained with when known.
              files (interop/hf.py reads both), or a hub id org/name[@revision]
              resolved through the Hugging Face cache (interop/hub.py), recorded
              as org/name@commit; its architecture and shape from its
-             config.json, how we run it (attention kernel, remat, ...) from configs/base.py; no
+             config.json, how we run it (attention kernel, remat, ...) from RUN_AS; no
              row length (the data picks one, loop.read_task_data)
   from_finetuned  a fine-tuned model's encoder (and its head's hidden layer), for
              a task that starts from another's model (GLUE's RTE from MNLI's)
@@ -28,14 +28,23 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
-from configs import base
 from mlm_jax import model as model_lib
 from mlm_jax.errors import ConfigError
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.finetuning import model_dir
 from mlm_jax.training import workdir as workdir_lib
+
+# How a published checkpoint's encoder runs here: the config.model fields its config.json does
+# not decide (interop/hf.py's checkpoint_fields give the rest). The ModernBERT-only fields are
+# read by variant 'modern' alone, whose config.json gives them; for the BERT family, every
+# layer attends globally, as BERT's do.
+RUN_AS = {'dtype': 'auto', 'attention': 'auto', 'document_mask': False,
+          'restart_positions': False, 'scan_layers': False, 'remat': 'none',
+          'drop_token_rate': 0.0, 'global_attn_every_n_layers': 1, 'local_attention': 128,
+          'global_rope_theta': 10_000.0, 'local_rope_theta': 10_000.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,9 +124,7 @@ def from_hf_dir(hf_dir: str) -> Pretrained:
     tokenizer = tok_lib.load(hf_dir)
   except (ValueError, FileNotFoundError) as e:
     raise ConfigError(f'--hf_dir={hf_dir}: {e}') from e
-  section = base.get_config().model
-  with section.ignore_type():
-    section.update(fields)
+  section = ml_collections.ConfigDict({**RUN_AS, **fields})
   vocab_size = fields['vocab_size']
   if tokenizer.vocab_size > vocab_size:
     raise ConfigError(f'--hf_dir={hf_dir}: its tokenizer has {tokenizer.vocab_size:,} ids but the '

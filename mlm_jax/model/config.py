@@ -65,18 +65,17 @@ class ModelConfig:
   global_rope_theta: float   # Rotary base of the global layers.
   local_rope_theta: float    # Rotary base of the local layers.
   # Packed documents (the batch's document_ids): attention stays within each
-  # document; positions restart at each document's first token. False in
-  # records made before these fields existed.
-  document_mask: bool = False
-  restart_positions: bool = False
+  # document; positions restart at each document's first token.
+  document_mask: bool
+  restart_positions: bool
   # Set by the trainer, not config.model.
   dtype: Any = jnp.float32   # Compute dtype; parameters are always float32.
   sentence_pair_head: bool = False  # Pooler + 2-way classifier on [CLS] (NSP/SOP).
   # The platform the model is compiled for (PLATFORMS): the builder's mesh's
   # devices, never guessed from the host here. It picks the attention kernels
   # ('auto'); the forms of dense, dropout and GELU reach the modules as their
-  # `ops` field (runtime/platform_ops.py). Not part of shape_record: the
-  # parameters are the same on every platform.
+  # `ops` field (runtime/platform_ops.py). Not part of the shape record
+  # (config/fields.py): the parameters are the same on every platform.
   platform: str = dataclasses.field(kw_only=True)
 
   def __post_init__(self):
@@ -85,31 +84,17 @@ class ModelConfig:
             f"for, one of {', '.join(map(repr, PLATFORMS))} (a mesh's "
             "devices[0].platform, or jax.default_backend() where it runs here).")
 
-  def shape_record(self) -> dict[str, Any]:
-    """What a checkpoint's parameters must agree with to be loaded into this model.
-
-    A rotary model's max_position_embeddings sizes no table (a run may lengthen
-    its rows from one phase to the next), so it is left out.
-    """
-    fields = ('vocab_size', 'padded_vocab_size', 'num_layers', 'hidden_size', 'num_heads',
-              'intermediate_size', 'max_position_embeddings', 'type_vocab_size',
-              'scan_layers', 'sentence_pair_head', 'variant')
-    if self.variant == 'modern':
-      fields = tuple(f for f in fields if f != 'max_position_embeddings')
-    return {k: getattr(self, k) for k in fields}
-
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int, padded_vocab_size: int,
                   dtype: Any, *, platform: str, **overrides) -> 'ModelConfig':
-    """From config.model (every field; `overrides` for the ones the trainer sets).
+    """From config.model (every field; `overrides` for the ones the trainer sets). A section
+    saved by an older run is read with the field table's old values first (config/saved.py).
 
     `platform`: where the model is compiled for (PLATFORMS), always stated by the caller.
     """
     fields = {f.name for f in dataclasses.fields(cls)} - {
         'vocab_size', 'padded_vocab_size', 'dtype', 'sentence_pair_head', 'platform'}
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-    given = {k: model.get(k, defaults[k]) if k in ('document_mask', 'restart_positions')
-             else model[k] for k in fields if k not in overrides}
+    given = {k: model[k] for k in fields if k not in overrides}
     if 'attention' in given:   # A run saved before the kernels were renamed.
       given['attention'] = current_attention_name(given['attention'])
     return cls(vocab_size=vocab_size, padded_vocab_size=padded_vocab_size, dtype=dtype,

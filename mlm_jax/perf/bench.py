@@ -41,16 +41,17 @@ import jax
 import ml_collections
 import numpy as np
 
-from mlm_jax import configuration as config_lib
 from mlm_jax import model as model_lib
+from mlm_jax.config import checks
 from mlm_jax.data import masking
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.errors import ConfigError
 from mlm_jax.interop import hf as hf_lib
 from mlm_jax.model import flops as flops_lib
 from mlm_jax.perf import hf_peer
-from mlm_jax.perf import op_breakdown
 from mlm_jax.perf import host as host_lib
+from mlm_jax.perf import op_breakdown
 from mlm_jax.runtime import host_malloc
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
@@ -245,21 +246,8 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
   only) are traced and their time split by kind of operation
   (op_breakdown.py) into result['breakdown'].
   """
-  for name, value, least in (('warmup', warmup, 0), ('steps', steps, 1), ('repeats', repeats, 1),
-                             ('num_batches', num_batches, 1)):
-    if value < least:
-      raise config_lib.ConfigError(f'--{name}={value} must be at least {least}.')
-  if hf_compile and compare != 'hf':
-    raise config_lib.ConfigError('--hf_compile compiles the HF peer: add --compare=hf.')
-  if compare == 'hf':
-    # JAX would otherwise reserve most of a GPU's memory before torch gets any
-    # (read when JAX first touches a device, so it must be set before).
-    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
-  config_lib.validate(config, num_devices=jax.device_count())
-  if config.sentence_pair.task != 'none':
-    raise config_lib.ConfigError(
-        f'config.sentence_pair.task={config.sentence_pair.task!r}: the benchmark times the MLM '
-        "objective only (as Hugging Face's ...ForMaskedLM); leave it 'none'.")
+  _check(config, warmup=warmup, steps=steps, repeats=repeats, num_batches=num_batches,
+         compare=compare, hf_compile=hf_compile)
   host_batches = synthetic_batches(config, num_batches)
   tokens_per_step = float(np.mean([b['attention_mask'].sum() for b in host_batches]))
 
@@ -315,20 +303,9 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
   for key, peer in peers.items():
     # The chip's peak applies to HF only if it runs on the same kind of device.
     same_chip = (peer.timed.info['device'] == 'cuda') == (backend == 'gpu')
-    summary = _summarise(peer.timed, tokens_per_step, flops_per_token,
-                         peak if same_chip else None, 1)
-    # What HF's step computes: its last block on all T rows, and BERT's (RoBERTa's)
-    # head on all T positions (P = T).
-    seq_len = config.data.seq_len
-    summary['flops_per_token_as_computed'] = flops_lib.model_flops_per_token(
-        model_cfg, seq_len,
-        seq_len if model_cfg.variant != 'modern' else config.masking.max_predictions,
-        last_block_rows=seq_len)
-    summary['note'] = _HF_HEAD_NOTE[model_cfg.variant] + (
-        ' Ours keeps the packed documents of a row apart (model.document_mask); HF attends '
-        'across them.' if model_cfg.document_mask else '')
-    result[key] = summary
-    result.update(_ratios(result['ours'], summary, physical_devices, PEERS[key]))
+    result[key] = _peer_summary(config, model_cfg, peer, tokens_per_step, flops_per_token,
+                                peak if same_chip else None)
+    result.update(_ratios(result['ours'], result[key], physical_devices, PEERS[key]))
   if peers:
     result['ratio_basis'] = 'per device' if physical_devices > 1 else 'total'
   if compile_error:
@@ -336,6 +313,44 @@ def run_benchmark(config: ml_collections.ConfigDict, *, warmup: int = 3, steps: 
   if breakdown:
     result['breakdown'] = breakdown
   return result
+
+
+def _check(config: ml_collections.ConfigDict, *, warmup: int, steps: int, repeats: int,
+           num_batches: int, compare: str, hf_compile: bool) -> None:
+  """ConfigError for what the benchmark cannot run, before anything compiles."""
+  for name, value, least in (('warmup', warmup, 0), ('steps', steps, 1), ('repeats', repeats, 1),
+                             ('num_batches', num_batches, 1)):
+    if value < least:
+      raise ConfigError(f'--{name}={value} must be at least {least}.')
+  if hf_compile and compare != 'hf':
+    raise ConfigError('--hf_compile compiles the HF peer: add --compare=hf.')
+  if compare == 'hf':
+    # JAX would otherwise reserve most of a GPU's memory before torch gets any
+    # (read when JAX first touches a device, so it must be set before).
+    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+  checks.validate(config, num_devices=jax.device_count())
+  if config.sentence_pair.task != 'none':
+    raise ConfigError(
+        f'config.sentence_pair.task={config.sentence_pair.task!r}: the benchmark times the MLM '
+        "objective only (as Hugging Face's ...ForMaskedLM); leave it 'none'.")
+
+
+def _peer_summary(config: ml_collections.ConfigDict, model_cfg: Any, peer: Any,
+                  tokens_per_step: float, flops_per_token: float,
+                  peak: float | None) -> dict[str, Any]:
+  """A Hugging Face peer's figures, with the FLOPs its step computes as it computes them."""
+  summary = _summarise(peer.timed, tokens_per_step, flops_per_token, peak, 1)
+  # What HF's step computes: its last block on all T rows, and BERT's (RoBERTa's)
+  # head on all T positions (P = T).
+  seq_len = config.data.seq_len
+  summary['flops_per_token_as_computed'] = flops_lib.model_flops_per_token(
+      model_cfg, seq_len,
+      seq_len if model_cfg.variant != 'modern' else config.masking.max_predictions,
+      last_block_rows=seq_len)
+  summary['note'] = _HF_HEAD_NOTE[model_cfg.variant] + (
+      ' Ours keeps the packed documents of a row apart (model.document_mask); HF attends '
+      'across them.' if model_cfg.document_mask else '')
+  return summary
 
 
 def _token_counts(config: ml_collections.ConfigDict, masked_per_step: float) -> set[int]:

@@ -21,7 +21,8 @@ from typing import Any
 
 import ml_collections
 
-from mlm_jax import configuration as config_lib
+from mlm_jax.config import checks
+from mlm_jax.config import fields
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline as input_pipeline
 from mlm_jax.data import prepare
@@ -30,8 +31,8 @@ from mlm_jax.data import prepare
 def measure(config: ml_collections.ConfigDict, *, warmup_s: float, window_s: float,
             repeats: int, num_processes: int = 1) -> dict[str, Any]:
   """Tokens/s of one process's train batches; the median of `repeats` windows."""
-  config_lib.validate(config)
-  data = prepare.prepare(config)
+  checks.validate(config)
+  data = prepare.prepare(*fields.data_request(config))
   masker = masking.make_masker(config.masking, data.tokenizer, data.unigram_counts)
   start = time.perf_counter()
   batches = input_pipeline.train_batches(

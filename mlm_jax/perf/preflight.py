@@ -39,6 +39,8 @@ import time
 from typing import Any
 from typing import Callable
 
+from mlm_jax.config import checks
+from mlm_jax.errors import ConfigError
 from mlm_jax.errors import PreflightError
 from mlm_jax.perf import targets
 
@@ -117,12 +119,11 @@ class Preflight:
   def __init__(self, config, target: targets.Target,
                log: Callable[[str], None] = lambda s: None,
                search_budget_s: float = SEARCH_BUDGET_S):
-    from mlm_jax import configuration as config_lib  # pylint: disable=import-outside-toplevel
     self.target = target
     self.log = log
     try:
-      config_lib.validate(config, num_devices=target.num_devices, check_paths=False)
-    except config_lib.ConfigError as e:
+      checks.validate(config, num_devices=target.num_devices, check_paths=False)
+    except ConfigError as e:
       raise PreflightError(f'{e} (target {target.name}: {target.num_devices} devices)') from None
     self.config = config
     self.devices = targets.compile_devices(target)

@@ -32,8 +32,8 @@ import ml_collections
 import numpy as np
 
 from mlm_jax import model as model_lib
-from mlm_jax.errors import ConfigError
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.errors import ConfigError
 from mlm_jax.model import attention
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from mlm_jax.config import fields
 from mlm_jax.errors import ConfigError
 from mlm_jax.training import checkpoint as ckpt_lib
 from mlm_jax.training import ties as ties_lib
@@ -151,7 +152,7 @@ def _write(out_dir: str, first: Any, resolved: dict, step: int, params: Any,
            read: list[tuple[str, int]]) -> Averaged:
   workdir_lib.record(out_dir, resolved, first.tokenizer)
   ckpt_lib.save_weights(workdir_lib.checkpoint_dir(out_dir), step, params,
-                        first.model_cfg.shape_record())
+                        fields.shape_record(first.model_cfg))
   return Averaged(out_dir, step, read)
 
 
@@ -159,7 +160,7 @@ def _checked(run: Any, first: Any, role: str = '') -> Any:
   """`run` (workdir_lib.TrainedRun) if it has `first`'s shape, tokenizer and parameters; else a
   one-line ConfigError naming the difference."""
   where = f'{role + " " if role else ""}{run.workdir} (step {run.step})'
-  shape, first_shape = run.model_cfg.shape_record(), first.model_cfg.shape_record()
+  shape, first_shape = fields.shape_record(run.model_cfg), fields.shape_record(first.model_cfg)
   if shape != first_shape:
     diff = ', '.join(f'{k}: {v} vs {shape[k]}' for k, v in first_shape.items() if shape[k] != v)
     raise ConfigError(f'{where} has another shape than {first.workdir} ({diff}): only runs of '

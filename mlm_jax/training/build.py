@@ -17,7 +17,7 @@ import jax
 import ml_collections
 
 from mlm_jax import model as model_lib
-from mlm_jax import phases
+from mlm_jax.config import phases
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.runtime import platform_ops
 from mlm_jax.runtime import sharding

@@ -27,8 +27,8 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from mlm_jax import model as model_lib
-from mlm_jax.errors import ConfigError
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.errors import ConfigError
 from mlm_jax.interop import hf
 from mlm_jax.interop import hub
 from mlm_jax.interop.layout import get_path

@@ -1,15 +1,15 @@
 """The driver: build -> resume -> loop (step, log, evaluate, save) -> summary.
 
-`train_and_evaluate(config, workdir)` reads top to bottom like the data flow
+`train_and_evaluate(run, workdir)` reads top to bottom like the data flow
 of docs/design.md; each arrow is one call into the module that owns it. The
-config comes resolved (configuration.resolve, which the command calls): this
-package never resolves or checks a config itself.
+run comes planned (config/run_plan.py's resolve, which the command calls):
+this package never resolves, checks or patches a config itself; each phase
+trains with the config its plan gives.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import os
@@ -19,10 +19,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from mlm_jax import phases
+from mlm_jax.config import fields
+from mlm_jax.config import phases
+from mlm_jax.config import run_plan
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
@@ -46,24 +49,23 @@ from mlm_jax.training import summary
 from mlm_jax.training import workdir as workdir_lib
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(run: run_plan.RunPlan, workdir: str) -> dict[str, Any]:
   """Trains until config.train.num_steps, or through every phase of config.phases (resuming
   from `workdir`); returns the run's summary.
 
-  `config`: resolved by configuration.resolve (with config.init, the
-  checkpoint's architecture filled in). One run at a time per workdir:
-  another is refused (lock.WorkdirLockedError).
+  `run`: planned by run_plan.resolve (with config.init, the checkpoint's
+  architecture filled in; for a run in phases, given the same `workdir`). One
+  run at a time per workdir: another is refused (lock.WorkdirLockedError).
   """
-  workdir = os.path.abspath(workdir)
+  workdir, plan = os.path.abspath(workdir), run.plan
   with lock.hold(workdir):
-    plan = phases.Plan(config)
     if not plan.phased:
-      return _train_phase(config, workdir, plan, plan.phases[0]).summary
+      return _train_phase(workdir, plan, plan.phases[0]).summary
     if jax.process_index() == 0:
       workdir_lib.record_plan(workdir, plan.describe())
     while True:
       phase = plan.phase_at(checkpoint.latest_step(workdir_lib.checkpoint_dir(workdir)))
-      done = _train_phase(_phase_config(plan, phase, workdir), workdir, plan, phase)
+      done = _train_phase(workdir, plan, phase)
       if done.stopped or (done.finished and phase is plan.phases[-1]):
         return done.summary
 
@@ -75,21 +77,8 @@ class _PhaseEnd:
   finished: bool   # The phase ran to its last step (else the checkpoint read was older).
 
 
-def _phase_config(plan: phases.Plan, phase: phases.Phase,
-                  workdir: str) -> ml_collections.ConfigDict:
-  """A phase's config. A phase whose data differs from the first phase's reads the run's
-  tokenizer, so that the ids keep their meaning whatever corpus or length it prepares."""
+def _train_phase(workdir: str, plan: phases.Plan, phase: phases.Phase) -> _PhaseEnd:
   config = phase.config
-  if (phases.same_rows(config, plan.phases[0].config) or config.tokenizer.model_file
-      or config.init.hf_dir or config.init.workdir):
-    return config
-  config = copy.deepcopy(config)
-  config.tokenizer.model_file = tok_lib.tokenizer_files(workdir)
-  return config
-
-
-def _train_phase(config: ml_collections.ConfigDict, workdir: str, plan: phases.Plan,
-                 phase: phases.Phase) -> _PhaseEnd:
   run_start, is_main = time.perf_counter(), jax.process_index() == 0
   # ----------------------------------------------------------------- build
   data, masker, mesh, built = _build(config, plan, phase)
@@ -112,7 +101,7 @@ def _train_phase(config: ml_collections.ConfigDict, workdir: str, plan: phases.P
   _log_start(data, built, state, mesh)
   # ------------------------------------------------------------------ loop
   train, series = config.train, metrics.read_metrics(workdir)
-  mixed = _mixture(config, data, plan, phase, start_step, series)  # None: one corpus.
+  mixed = _mixture(workdir, data, plan, phase, start_step, series)  # None: one corpus.
   # The stream rows of each step's batch (a growing batch pads the micro-batches it leaves).
   positions = functools.partial(plan.positions, capacity=train.batch_size,
                                 micro_batches=train.grad_accum_steps)
@@ -155,10 +144,12 @@ def _train_phase(config: ml_collections.ConfigDict, workdir: str, plan: phases.P
         last_eval = heldout.evaluate_with_ema(built.eval_step, state, data, eval_masker,
                                               config.eval, config.sentence_pair.task, mesh)
         log.write_eval(step, last_eval)
+      if step == phase.end_step and mixed is not None and is_main:
+        _hand_over(workdir, plan, phase, mixed)  # Before the boundary's checkpoint.
       if final or checkpointer.should_save(step):
         # Never save a diverged state: a NaN loss means NaN parameters.
         report_lib.check_finite(float(step_metrics['loss']), step, checkpointer.directory)
-        checkpointer.save(step, state, built.model_cfg.shape_record(), force=final)
+        checkpointer.save(step, state, fields.shape_record(built.model_cfg), force=final)
   if stopping:
     logging.warning('Stopped by %s at step %d; checkpoint saved. Run the same command to '
                     'resume.', stop.signal_name, step)
@@ -168,27 +159,51 @@ def _train_phase(config: ml_collections.ConfigDict, workdir: str, plan: phases.P
   return _PhaseEnd(result, stopped=stopping, finished=step >= train.num_steps)
 
 
-def _mixture(config: ml_collections.ConfigDict, data: prepared.PreparedData, plan: phases.Plan,
-             phase: phases.Phase, start_step: int,
+def _mixture(workdir: str, data: prepared.PreparedData, plan: phases.Plan, phase: phases.Phase,
+             start_step: int,
              series: dict[str, dict[int, float]]) -> mixture_run.MixtureRun | None:
-  """The phase's mixture (None: one corpus). It continues the mixtures of the phases before it
-  that read the same rows, so that no source's stream starts over at a change of shares."""
+  """The phase's mixture (None: one corpus). A phase that reads the same rows as the one before
+  it continues its streams from the hand-over recorded at their boundary, so that no source's
+  stream starts over at a change of shares."""
   if data.num_parts == 1:
     return None
+  keywords: dict[str, Any] = {'start_position': int(plan.rows_before(phase.start_step))}
+  if phase.index and fields.same_rows(plan.phases[phase.index - 1].config, phase.config):
+    keywords = _recorded_handover(workdir, phase, data.num_parts)
+  return mixture_run.MixtureRun(phase.config, data, start_step, series,
+                                position_of=lambda step: int(plan.rows_before(step)), **keywords)
 
-  def position_of(step: int) -> int:
-    return int(plan.rows_before(step))
 
-  first = phase.index
-  while first > 0 and phases.same_rows(plan.phases[first - 1].config, phase.config):
-    first -= 1
-  keywords: dict[str, Any] = {'start_position': position_of(plan.phases[first].start_step)}
-  for earlier in plan.phases[first:phase.index]:
-    run = mixture_run.MixtureRun(earlier.config, data, earlier.start_step, {},
-                                 position_of=position_of, **keywords)
-    keywords = run.handover(position_of(earlier.end_step))
-  return mixture_run.MixtureRun(config, data, start_step, series, position_of=position_of,
-                                **keywords)
+def _recorded_handover(workdir: str, phase: phases.Phase, parts: int) -> dict[str, Any]:
+  """The hand-over recorded at the start of `phase`, as process 0 read it (every process draws
+  the same rows, wherever its copy of the workdir is)."""
+  recorded = workdir_lib.read_handovers(workdir).get(str(phase.index))
+  if jax.process_count() > 1:  # [found, start_position, rows_before[K], tokens_before[K]]
+    flat = np.zeros(2 + 2 * parts, np.int64)
+    if recorded is not None and jax.process_index() == 0:
+      flat[:] = [1, recorded['start_position'], *recorded['rows_before'],
+                 *recorded['tokens_before']]
+    flat = np.asarray(multihost_utils.broadcast_one_to_all(flat))
+    recorded = None if not flat[0] else {'start_position': int(flat[1]),
+                                         'rows_before': flat[2:2 + parts].tolist(),
+                                         'tokens_before': flat[2 + parts:].tolist()}
+  if recorded is None:
+    raise checkpoint.CheckpointReadError(
+        f'{workdir} holds no record of where the mixture stood at the start of phase '
+        f'{phase.name!r} ({workdir_lib.HANDOVER_FILE}): the phase before writes it at its last '
+        'step. Continue from a checkpoint of that phase, or start the run again.')
+  return recorded
+
+
+def _hand_over(workdir: str, plan: phases.Plan, phase: phases.Phase,
+               mixed: mixture_run.MixtureRun) -> None:
+  """Records where the mixture's streams stand at the phase's end, for the next phase that
+  reads the same rows."""
+  following = phase.index + 1
+  if following < len(plan.phases) and fields.same_rows(phase.config,
+                                                       plan.phases[following].config):
+    workdir_lib.record_handover(workdir, following,
+                                mixed.handover(int(plan.rows_before(phase.end_step))))
 
 
 def _step_figures(plan: phases.Plan, phase: phases.Phase, mixed: mixture_run.MixtureRun | None,
@@ -248,10 +263,10 @@ def _prepared_data(config: ml_collections.ConfigDict) -> prepared.PreparedData:
   """The data, asked for once per process: process 0 prepares it (if needed); the others wait
   at the barrier, then read the same data dir (a bucket's through their own local copy)."""
   if jax.process_count() == 1:
-    return prepare.prepare(config)
-  data = prepare.prepare(config) if jax.process_index() == 0 else None
+    return prepare.prepare(*fields.data_request(config))
+  data = prepare.prepare(*fields.data_request(config)) if jax.process_index() == 0 else None
   multihost_utils.sync_global_devices('mlm_jax:prepare')
-  return data if data is not None else prepared.load_prepared(config)
+  return data if data is not None else prepared.load_prepared(*fields.data_request(config))
 
 
 def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
@@ -261,7 +276,7 @@ def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
   state = built.init_state()  # Initialised under jit straight into its sharding.
   logging.info('Train state initialised in %.1fs', time.perf_counter() - start)
   # The newest checkpoint that reads; any newer that does not is set aside.
-  state, start_step = checkpointer.restore_latest(state, built.model_cfg.shape_record())
+  state, start_step = checkpointer.restore_latest(state, fields.shape_record(built.model_cfg))
   if start_step:
     logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
   elif config.init.hf_dir or config.init.workdir:

@@ -3,7 +3,7 @@ gradient clipping.
 
 Pretraining (training/build.py) and fine-tuning (finetuning/step.py) both
 build their optimizer here, from the fields of a config.train section;
-mlm_jax/training_config.py holds their allowed values and checks them for both.
+mlm_jax/train_checks.py holds their allowed values and checks them for both.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from mlm_jax import training_config
+from mlm_jax.config import train_checks
 from mlm_jax.runtime import platform_ops
 
 
@@ -90,12 +90,12 @@ def _one_cycle(train: ml_collections.ConfigDict) -> optax.Schedule:
 # config.train.schedule -> the function that builds it.
 _SCHEDULES = {'linear': _linear, 'wsd': _wsd, 'one_cycle': _one_cycle, 'constant': _constant,
               'decay': _decay_phase}
-SCHEDULES = training_config.SCHEDULES
-assert tuple(_SCHEDULES) == SCHEDULES, 'training_config.SCHEDULES names the schedules here'
+SCHEDULES = train_checks.SCHEDULES
+assert tuple(_SCHEDULES) == SCHEDULES, 'train_checks.SCHEDULES names the schedules here'
 # config.train.decay_shape: how 'wsd' falls from the peak to 0.
-DECAY_SHAPES = training_config.DECAY_SHAPES
+DECAY_SHAPES = train_checks.DECAY_SHAPES
 # config.train.optimizer: 'adamw' or 'stable_adamw' (make_optimizer).
-OPTIMIZERS = training_config.OPTIMIZERS
+OPTIMIZERS = train_checks.OPTIMIZERS
 
 
 def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:

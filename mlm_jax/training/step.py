@@ -1,4 +1,4 @@
-"""The pure train and eval steps (config.train is checked in mlm_jax/training_config.py).
+"""The pure train and eval steps (config.train is checked in mlm_jax/train_checks.py).
 
 The train step is `(state, batch, rng) -> (state, metrics)` with
 `fold_in(rng, state.step)` inside; jit it with the state donated. Its loss is
@@ -12,6 +12,7 @@ operations (runtime/platform_ops.py), not what they compute.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -108,51 +109,66 @@ def make_train_step(schedule: optax.Schedule, grad_accum_steps: int = 1,
     if grad_accum_steps == 1:
       grads, terms = grad_fn(state.params, batch, dropout_rng)
     else:
-      k = grad_accum_steps
-      micro_batches = split_rows(batch, k)                         # [k, B/k, ...]
-
-      def micro_grads(micro: Batch, i):
-        return grad_fn(state.params, micro, jax.random.fold_in(dropout_rng, i))
-
-      zero_terms = jax.tree_util.tree_map(
-          jnp.zeros_like, jax.eval_shape(lambda: grad_fn(state.params, jax.tree_util.tree_map(
-              lambda x: x[0], micro_batches), dropout_rng)[1]))
-      zeros = (jax.tree_util.tree_map(jnp.zeros_like, state.params), zero_terms)
-      if growing_batch:
-        # Micro-batches with a real row; the real ones come first (phases.Plan.positions).
-        used = jnp.sum(jnp.any(micro_batches['attention_mask'] > 0, axis=(1, 2)).astype(jnp.int32))
-
-        def add_micro(i, carry):
-          micro = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, i, 0, False),
-                                         micro_batches)
-          return jax.tree_util.tree_map(jnp.add, carry, micro_grads(micro, i))
-
-        grads, terms = jax.lax.fori_loop(0, used, add_micro, zeros)
-      else:
-        def accumulate(carry, xs):
-          return jax.tree_util.tree_map(jnp.add, carry, micro_grads(*xs)), None
-
-        (grads, terms), _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(k)))
+      grads, terms = _accumulated(grad_fn, state.params, batch, grad_accum_steps, dropout_rng,
+                                  growing_batch)
     new_state = state.apply_gradients(grads=grads)
     if ema_decay > 0:
       new_state = new_state.replace(ema_params=jax.tree_util.tree_map(
           lambda e, p: ema_decay * e + (1 - ema_decay) * p, state.ema_params, new_state.params))
-    metrics = {
-        'loss': terms['loss_sum'] / denom,
-        'mlm_accuracy': terms['correct_sum'] / denom,
-        'learning_rate': schedule(state.step),
-        'grad_norm': optax.tree.norm(grads),
-        'num_masked': terms['weight_sum'],
-        'num_tokens': jnp.sum(batch['attention_mask']),
-        **{k: v for k, v in terms.items() if k.startswith(masking.SLOT_KINDS)},
-        'baseline_sum': terms['baseline_sum'],
-    }
-    if 'pair_loss_sum' in terms:
-      metrics['sentence_pair_loss'] = terms['pair_loss_sum'] / num_pairs
-      metrics['sentence_pair_accuracy'] = terms['pair_correct_sum'] / num_pairs
-    return new_state, metrics
+    return new_state, _metrics(terms, grads, batch, denom, num_pairs, schedule(state.step))
 
   return train_step
+
+
+def _accumulated(grad_fn: Callable, params: Any, batch: Batch, k: int, key: Array,
+                 growing_batch: bool) -> tuple[Any, dict[str, Array]]:
+  """(grads, terms) of `batch` as k micro-batches of B/k rows (micro-batch i: rows i, i+k, ...,
+  its dropout key fold_in(key, i)), summed: a scan over all k, or with `growing_batch` a loop
+  over the first j that hold a real row (the real ones come first: phases.Plan.positions)."""
+  micro_batches = split_rows(batch, k)                         # [k, B/k, ...]
+
+  def micro_grads(micro: Batch, i):
+    return grad_fn(params, micro, jax.random.fold_in(key, i))
+
+  zero_terms = jax.tree_util.tree_map(
+      jnp.zeros_like, jax.eval_shape(lambda: grad_fn(params, jax.tree_util.tree_map(
+          lambda x: x[0], micro_batches), key)[1]))
+  zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), zero_terms)
+  if growing_batch:
+    used = jnp.sum(jnp.any(micro_batches['attention_mask'] > 0, axis=(1, 2)).astype(jnp.int32))
+
+    def add_micro(i, carry):
+      micro = jax.tree_util.tree_map(lambda x: jax.lax.dynamic_index_in_dim(x, i, 0, False),
+                                     micro_batches)
+      return jax.tree_util.tree_map(jnp.add, carry, micro_grads(micro, i))
+
+    return jax.lax.fori_loop(0, used, add_micro, zeros)
+
+  def accumulate(carry, xs):
+    return jax.tree_util.tree_map(jnp.add, carry, micro_grads(*xs)), None
+
+  (grads, terms), _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(k)))
+  return grads, terms
+
+
+def _metrics(terms: dict[str, Array], grads: Any, batch: Batch, denom: Array, num_pairs: Array,
+             learning_rate: Array) -> dict[str, Array]:
+  """A train step's metrics: loss and accuracy over the global |M|, the learning rate, the
+  gradient norm, the slot sums of objective.mlm_loss_terms; the pair objective's if any."""
+  metrics = {
+      'loss': terms['loss_sum'] / denom,
+      'mlm_accuracy': terms['correct_sum'] / denom,
+      'learning_rate': learning_rate,
+      'grad_norm': optax.tree.norm(grads),
+      'num_masked': terms['weight_sum'],
+      'num_tokens': jnp.sum(batch['attention_mask']),
+      **{k: v for k, v in terms.items() if k.startswith(masking.SLOT_KINDS)},
+      'baseline_sum': terms['baseline_sum'],
+  }
+  if 'pair_loss_sum' in terms:
+    metrics['sentence_pair_loss'] = terms['pair_loss_sum'] / num_pairs
+    metrics['sentence_pair_accuracy'] = terms['pair_correct_sum'] / num_pairs
+  return metrics
 
 
 def make_eval_step(baseline_token: int = objective.NO_BASELINE,

@@ -6,6 +6,8 @@ arrays to the converter (interop/mlm_export.py), which reads no run itself.
   WORKDIR/config.json       the resolved config (model shape, masking, data dir, vocab); in
                             a run of phases, the current phase's
   WORKDIR/phases.json       a run of phases: a row per phase (steps, tokens, T, masking, ...)
+  WORKDIR/handover.json     a run of phases over a mixture: where its streams stood at each
+                            boundary (rows and tokens each source had given)
   WORKDIR/tokenizer.model   the run's tokenizer: a sentencepiece model, or
   WORKDIR/tokenizer/        a Hugging Face tokenizer's files
   WORKDIR/checkpoints/<n>/  Orbax checkpoints
@@ -27,7 +29,8 @@ import jax.numpy as jnp
 import ml_collections
 
 from mlm_jax import model as model_lib
-from mlm_jax import saved_config
+from mlm_jax.config import fields
+from mlm_jax.config import saved
 from mlm_jax.data import prepared
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
@@ -56,10 +59,34 @@ def resolved_config(config: ml_collections.ConfigDict,
   return resolved
 
 
+# A mixture's stream positions at each phase boundary (record_handover).
+HANDOVER_FILE = 'handover.json'
+
+
 def record_plan(workdir: str, plan: list[dict[str, Any]]) -> None:
   """Writes WORKDIR/phases.json: a row per phase of a run in phases (phases.Plan.describe)."""
   os.makedirs(workdir, exist_ok=True)
   _write_json(os.path.join(workdir, 'phases.json'), plan)
+
+
+def record_handover(workdir: str, phase_index: int, handover: dict[str, Any]) -> None:
+  """Records, in WORKDIR/handover.json, where a mixture's streams stand as phase
+  `phase_index` starts (training/mixture_run.py's MixtureRun.handover), written by the phase
+  before it at their boundary."""
+  path = os.path.join(workdir, HANDOVER_FILE)
+  records = read_handovers(workdir)
+  records[str(phase_index)] = {k: (v.tolist() if hasattr(v, 'tolist') else v)
+                               for k, v in handover.items()}
+  _write_json(path, records)
+
+
+def read_handovers(workdir: str) -> dict[str, dict[str, Any]]:
+  """{phase index: the hand-over recorded at its start} (record_handover); {} if none."""
+  path = os.path.join(workdir, HANDOVER_FILE)
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
 
 
 def _write_json(path: str, value: Any) -> None:
@@ -143,14 +170,14 @@ def load(workdir: str, step: int | None = None, ema: bool = False) -> TrainedRun
   if not os.path.exists(config_path):
     raise FileNotFoundError(f'{workdir} is not a training workdir (no config.json).')
   with open(config_path) as f:
-    config = saved_config.read(json.load(f), config_path)
+    config = saved.read(json.load(f), config_path)
   resolved = config.resolved
   model_cfg = model_lib.ModelConfig.from_config(
       config.model, resolved.vocab_size, resolved.padded_vocab_size, jnp.float32,
       platform=model_lib.local_platform(), sentence_pair_head=config.sentence_pair.task != 'none')
   step, params, meta = ckpt_lib.restore_params(checkpoint_dir(workdir), step,
                                                'ema_params' if ema else 'params')
-  ckpt_lib.check_meta(meta, model_cfg.shape_record(), f'{step} of {workdir}')
+  ckpt_lib.check_meta(meta, fields.shape_record(model_cfg), f'{step} of {workdir}')
   recorded = _recorded_tokenizer(workdir)
   if recorded is None:
     raise FileNotFoundError(f'{workdir} holds no tokenizer (tokenizer.model or tokenizer/).')

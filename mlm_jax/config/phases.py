@@ -41,25 +41,13 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from mlm_jax.config import fields
+from mlm_jax.data import masking
 from mlm_jax.errors import ConfigError
 from mlm_jax.errors import require
-from mlm_jax.data import masking
-from mlm_jax.data import mixture
 
 # What a phase entry may hold.
 PHASE_KEYS = ('name', 'steps', 'tokens', 'fresh_optimizer', 'overrides')
-# Fields a phase may not change: the parameters, the token ids and the optimizer state's
-# layout carry over a boundary (the optimizer's only without fresh_optimizer).
-_SHAPE_FIELDS = {
-    'model': ('variant', 'vocab_size', 'num_layers', 'hidden_size', 'num_heads',
-              'intermediate_size', 'type_vocab_size', 'scan_layers'),
-    'sentence_pair': ('task',),
-    'mesh': ('fsdp',),
-    'train': ('ema_decay',),
-    'init': ('hf_dir', 'workdir'),
-}
-# Sections a phase may not override at all: the ids must mean the same pieces throughout.
-_FROZEN_SECTIONS = ('tokenizer', 'seed')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,9 +100,8 @@ class Plan:
     previous = config
     for index, entry in enumerate(entries):
       entry = _check_entry(entry, index)
-      phase_config = _apply(previous, entry['overrides'], entry['name']) if self.phased else config
+      phase_config = _apply(previous, entry) if self.phased else config
       if self.phased:
-        _check_shape(config, phase_config, entry)
         if index:  # The batch warm-up is the run's, inside its first phase.
           with phase_config.train.ignore_type():
             phase_config.train.batch_warmup_tokens = phase_config.train.batch_warmup_start = 0
@@ -281,26 +268,68 @@ def _check_entry(entry: Mapping[str, Any], index: int) -> dict[str, Any]:
   return out
 
 
-def _apply(previous: ml_collections.ConfigDict, overrides: dict[str, Any],
-           name: str) -> ml_collections.ConfigDict:
-  """`previous` with a phase's overrides ({section: {field: value}}) applied, phases removed."""
-  warmup = sorted(set(dict(overrides.get('train', {}) or {})) & {'batch_warmup_tokens',
-                                                                  'batch_warmup_start'})
-  require(not warmup, f'phase {name!r} sets config.train.{warmup[0] if warmup else ""}: the '
-          "batch warm-up is the run's, from its first step (set it outside config.phases).")
+def _apply(previous: ml_collections.ConfigDict, entry: dict[str, Any]) -> ml_collections.ConfigDict:
+  """`previous` with a phase's overrides ({section: {field: value}}) applied, phases removed.
+
+  A field the table holds for the whole run (fields.FIXED: the model's shape and
+  architecture, the tokenizer, the seed, the state's layout, the batch warm-up) may not
+  change; the optimizer changes only with fresh_optimizer.
+  """
+  name, overrides = entry['name'], entry['overrides']
   config = copy.deepcopy(previous)
   with config.ignore_type():
     config.phases = ()
+  rules = fields.phase_rules(previous.model.variant)
   for section, values in overrides.items():
-    require(section not in _FROZEN_SECTIONS,
-            f'phase {name!r} overrides config.{section}: the tokenizer and seed hold for the '
-            'whole run; set them outside config.phases.')
+    if section in rules and not isinstance(values, Mapping):  # A top-level field: the seed.
+      _check_rule(rules, '', section, previous[section], values, entry)
+      continue
     require(section in config and isinstance(config[section], ml_collections.ConfigDict)
             and isinstance(values, Mapping),
             f'phase {name!r} overrides config.{section}, which is not a config section: write '
             'overrides as {section: {field: value}}, e.g. data=dict(seq_len=1024).')
+    for key, value in values.items():
+      if key in config[section]:
+        _check_rule(rules, section, key, config[section][key], value, entry)
     _set(config[section], values, f'config.{section}', name)
   return config
+
+
+# Why a field is held for the whole run, by its section (or field) and role.
+_RUN_WIDE = ('the tokenizer and seed hold for the whole run (the ids must mean the same pieces '
+             'throughout); set them outside config.phases.')
+_HELD_BECAUSE = {
+    'tokenizer': _RUN_WIDE,
+    'seed': _RUN_WIDE,
+    'train.batch_warmup_tokens': "the batch warm-up is the run's, from its first step (set it "
+                                 'outside config.phases).',
+    fields.ARCHITECTURE: "the model's architecture holds for the whole run (a checkpoint of it "
+                         'is read as this architecture); start another run from this one with '
+                         'config.init.workdir instead.',
+    fields.SHAPE: 'the parameters carry over from phase to phase, so a phase cannot change the '
+                  "model's shape (nor the state's layout or the batch warm-up); start another "
+                  'run from this one with config.init.workdir instead.',
+}
+
+
+def _check_rule(rules: dict[str, str], section: str, key: str, before: Any, after: Any,
+                entry: dict[str, Any]) -> None:
+  """ConfigError for an override of a field the run holds (fields.phase_rules)."""
+  name = f'{section}.{key}' if section else key
+  rule = rules.get(name)
+  if rule is None or before == after:
+    return
+  if rule == fields.WITH_FRESH_OPTIMIZER:
+    require(entry['fresh_optimizer'],
+            f"phase {entry['name']!r} sets config.{name}={after!r}, but the run has "
+            f'{before!r}: a phase that changes the optimizer needs fresh_optimizer=True.')
+    return
+  role = fields.field(section, key).role
+  why = (_HELD_BECAUSE.get(section) or _HELD_BECAUSE.get(name)
+         or _HELD_BECAUSE.get('train.batch_warmup_tokens' if 'batch_warmup' in key else '')
+         or _HELD_BECAUSE.get(role) or _HELD_BECAUSE[fields.SHAPE])
+  raise ConfigError(f"phase {entry['name']!r} sets config.{name}={after!r}, but the run has "
+                    f'{before!r}: {why}')
 
 
 def _set(section: ml_collections.ConfigDict, values: Mapping[str, Any], where: str,
@@ -316,45 +345,10 @@ def _set(section: ml_collections.ConfigDict, values: Mapping[str, Any], where: s
       raise ConfigError(f'phase {name!r}: {where}.{key}={value!r}: {e}') from e
 
 
-def _check_shape(first: ml_collections.ConfigDict, config: ml_collections.ConfigDict,
-                 entry: dict[str, Any]) -> None:
-  """A phase keeps the model's shape (and, without fresh_optimizer, the optimizer)."""
-  fields = dict(_SHAPE_FIELDS)
-  if config.model.variant != 'modern':  # A learned position table has a row per position.
-    fields['model'] = fields['model'] + ('max_position_embeddings',)
-  if not entry['fresh_optimizer']:
-    fields['train'] = fields['train'] + ('optimizer',)
-  for section, names in fields.items():
-    for key in names:
-      before, after = first[section][key], config[section][key]
-      require(before == after,
-              f"phase {entry['name']!r} sets config.{section}.{key}={after!r}, but the run "
-              f'has {before!r}: ' + (
-                  "a phase that changes the optimizer needs fresh_optimizer=True."
-                  if key == 'optimizer' else
-                  'the parameters carry over from phase to phase, so a phase cannot change '
-                  "the model's shape (nor the state's layout or the batch warm-up); start "
-                  'another run from this one with config.init.workdir instead.'))
-
-
-def same_rows(a: ml_collections.ConfigDict, b: ml_collections.ConfigDict) -> bool:
-  """Whether two phases read the same prepared rows: their data settings differ at most in
-  how a mixture draws from its sources (temperature, weights, epoch caps, names)."""
-  return _rows_key(a) == _rows_key(b)
-
-
-def _rows_key(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  data = config.data.to_dict()
-  data.pop('temperature', None)
-  data['sources'] = [{k: v for k, v in dict(s).items() if k not in mixture.DRAW_FIELDS}
-                     for s in data.get('sources', ())]
-  return data
-
-
 def _check_data_dir(first: ml_collections.ConfigDict, config: ml_collections.ConfigDict,
                     name: str) -> None:
   """A phase that prepares other rows (another length or corpus) needs a data dir of its own."""
-  if not first.data.data_dir or same_rows(first, config):
+  if not first.data.data_dir or fields.same_rows(first, config):
     return
   require(config.data.data_dir != first.data.data_dir,
           f'phase {name!r} changes config.data but keeps config.data.data_dir='

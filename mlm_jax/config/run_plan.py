@@ -1,0 +1,194 @@
+"""The command's config resolved once into a frozen run plan, which the loop receives.
+
+`resolve` checks the whole config (config/checks.py), fills in what a
+checkpoint of config.init decides, and returns a `RunPlan`: the resolved
+config, the arithmetic of every step (phases.Plan) and every phase's own
+config, the later phases' tokenizer decided here. Nothing downstream patches
+a config: the loop takes each phase's config as the plan gives it. Config
+flows one way: this package imports nothing of training/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import ml_collections
+from absl import logging
+
+from mlm_jax.config import checks
+from mlm_jax.config import fields as field_table
+from mlm_jax.config import phases
+from mlm_jax.config import saved
+from mlm_jax.data import paths
+from mlm_jax.data import prepared
+from mlm_jax.data import tokenizer
+from mlm_jax.errors import ConfigError
+from mlm_jax.errors import require
+from mlm_jax.interop import hub
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+  """A run as it will go: its resolved config, and every step's phase, batch and rows.
+
+  `plan.phases[i].config` is phase i's whole config: the run's config with the
+  overrides of phases 0..i applied and, where the phase reads other rows than
+  the first (another corpus or row length), the run's tokenizer
+  (WORKDIR/tokenizer.model or WORKDIR/tokenizer/, written by the first phase)
+  named in config.tokenizer.model_file, so that the ids keep their meaning.
+  """
+  config: ml_collections.ConfigDict
+  plan: phases.Plan
+
+  @property
+  def phases(self) -> tuple[phases.Phase, ...]:
+    return tuple(self.plan.phases)
+
+
+def plan_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> RunPlan:
+  """The RunPlan of a config that is resolved already (`resolve` calls it; so do tests and
+  tools that build a config in code). `workdir`: where the run writes, which names the
+  later phases' tokenizer; None for a tool that trains no phases (bench, pre-flight)."""
+  plan = phases.Plan(config)
+  if plan.phased and workdir is not None:
+    _decide_phase_tokenizers(plan, config, os.path.abspath(workdir))
+  return RunPlan(config, plan)
+
+
+def _decide_phase_tokenizers(plan: phases.Plan, config: ml_collections.ConfigDict,
+                             workdir: str) -> None:
+  """A phase whose rows differ from the first phase's reads the run's tokenizer, which the first
+  phase trained (or was given), so that its ids mean the same pieces."""
+  tok = config.tokenizer
+  if tok.model_file or config.init.hf_dir or config.init.workdir:
+    return  # A given tokenizer: every phase names it already.
+  name = prepared.SP_TOKENIZER if tok.kind == 'sentencepiece' else prepared.HF_TOKENIZER
+  first = plan.phases[0].config
+  for phase in plan.phases[1:]:
+    if not field_table.same_rows(phase.config, first):
+      phase.config.tokenizer.model_file = os.path.join(workdir, name)
+
+
+def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
+            overrides: Iterable[str] = (), workdir: str | None = None) -> RunPlan:
+  """The run a command starts: its config checked (ConfigError), with implied settings filled
+  in, and planned (plan_run).
+
+  A run started from config.init.hf_dir or config.init.workdir takes the
+  architecture, shape, vocabulary, positions and tokenizer from that model:
+  its config.model fields are replaced (and logged), and a field named in
+  `overrides` (the command line's --config.* keys, e.g. 'model.num_layers')
+  that contradicts the checkpoint is a ConfigError. The config keeps the
+  recipe: optimizer, schedule, masking, batch, data, seq_len. Which fields a
+  checkpoint decides, and which it only suggests, is the field table's
+  (fields.checkpoint_fields).
+
+  The final config is validated once. The init model's tokenizer is loaded
+  here to check it against the checkpoint's table; tokenizer.load keeps it,
+  so that prepare gets the same one without reading it again.
+  """
+  overrides = set(overrides)
+  require(not (config.get('phases') and 'train.num_steps' in overrides),
+          'config.train.num_steps is given, but the run is in phases (config.phases), whose '
+          'lengths set the steps: give each phase its steps or tokens instead.')
+  if config.init.hf_dir or config.init.workdir:
+    config = _from_checkpoint(config, overrides, num_devices)
+  else:
+    checks.validate(config, num_devices=num_devices)
+  return plan_run(config, workdir)
+
+
+def _from_checkpoint(config: ml_collections.ConfigDict, overrides: set[str],
+                     num_devices: int | None) -> ml_collections.ConfigDict:
+  """The config with what config.init's checkpoint decides filled in, validated."""
+  init = config.init
+  checks.check_init(config)  # Where the model comes from, before it is read.
+  source, found, tokenizer_path, pinned = _init_source(init)
+  config = config.copy_and_resolve_references()
+  if pinned:
+    # The commit the hub id resolved to, recorded in the run's config.json: a resumed or
+    # re-read run reads exactly these files again, whatever the branch points to later.
+    logging.info('config.init.hf_dir=%r is %s, read from %s', init.hf_dir, pinned, source)
+    config.init.hf_dir = pinned
+  model = config.model
+  rules = field_table.checkpoint_fields(found.get('variant', model.variant))
+  for key, rule in rules.items():
+    if key not in found or model[key] == found[key]:
+      continue
+    if f'model.{key}' in overrides:
+      require(rule == field_table.SUGGESTS,
+              f'config.model.{key}={model[key]!r} contradicts the checkpoint in {source} '
+              f'({key}={found[key]!r}): the checkpoint decides the architecture; drop the '
+              'override.')
+      continue
+    logging.info('config.model.%s: %r from the checkpoint in %s (the config said %r)', key,
+                 found[key], source, model[key])
+    with model.ignore_type():
+      model[key] = found[key]
+  tok = config.tokenizer
+  if tok.model_file:
+    require('tokenizer.model_file' in overrides or paths.absolute(tok.model_file)
+            == paths.absolute(tokenizer_path),
+            f'config.tokenizer.model_file={tok.model_file!r} is set, but the checkpoint in '
+            f'{source} brings its own tokenizer; leave it empty.')
+  tok.model_file = tok.model_file or tokenizer_path
+  rotary = model.variant == 'modern'
+  require(config.data.seq_len <= model.max_position_embeddings,
+          f'config.data.seq_len={config.data.seq_len} exceeds the {model.max_position_embeddings} '
+          f'positions of the checkpoint in {source}; '
+          + (f'its positions are rotary: to extend its context, also set '
+             f'--config.model.max_position_embeddings={config.data.seq_len} (and, as ModernBERT '
+             'does, a larger --config.model.global_rope_theta).' if rotary else
+             'its position table has that many rows: use at most that.'))
+  checks.validate(config, num_devices=num_devices)
+  _check_vocab(config, source)
+  return config
+
+
+def _init_source(init: ml_collections.ConfigDict) -> tuple[str, dict[str, Any], str, str | None]:
+  """(where, config.model fields of its model, its tokenizer's path, the pinned hub id
+  'org/name@commit' or None for a local directory) of config.init's model."""
+  if init.hf_dir:
+    from mlm_jax.interop import hf  # pylint: disable=import-outside-toplevel  # interop extra
+    try:
+      resolved = hub.resolve(init.hf_dir, 'config.init.hf_dir')
+    except ValueError as e:
+      raise ConfigError(str(e)) from e
+    hf_dir = resolved.local_dir
+    try:
+      fields = hf.checkpoint_model_fields(hf_dir)
+    except (ValueError, FileNotFoundError) as e:
+      raise ConfigError(f'config.init.hf_dir={init.hf_dir!r}: {e}') from e
+    tokenizer_path = tokenizer.tokenizer_files(hf_dir)
+    require(tokenizer_path is not None,
+            f'config.init.hf_dir={init.hf_dir!r} has no tokenizer files (tokenizer.json, '
+            'vocab.txt, or an mlm_jax tokenizer.model), so its ids cannot be matched to text: '
+            'copy the tokenizer files published with the model into it.')
+    return hf_dir, fields, tokenizer_path, resolved.pinned
+  workdir = os.path.expanduser(init.workdir)
+  with open(os.path.join(workdir, 'config.json')) as f:
+    run = saved.read(json.load(f), os.path.join(workdir, 'config.json'))
+  found = {k: run.model[k] for k in field_table.checkpoint_fields(run.model.variant)}
+  found['vocab_size'] = run.resolved.vocab_size
+  tokenizer_path = tokenizer.tokenizer_files(workdir)
+  require(tokenizer_path is not None,
+          f'config.init.workdir={init.workdir!r} holds no tokenizer (tokenizer.model or '
+          'tokenizer/): it was not written by a training run.')
+  return workdir, found, tokenizer_path, None
+
+
+def _check_vocab(config: ml_collections.ConfigDict, source: str) -> None:
+  """The tokenizer must fit the checkpoint's embedding table (words to add grow it)."""
+  try:
+    tok = tokenizer.load(config.tokenizer.model_file)
+  except ValueError as e:
+    raise ConfigError(f'config.init ({source}): {e}') from e
+  table = config.model.vocab_size
+  require(tok.vocab_size <= table or bool(config.tokenizer.add_tokens),
+          f'The tokenizer of {source} has {tok.vocab_size:,} ids but the checkpoint\'s embedding '
+          f'table only {table:,} rows: they do not belong together. Use the tokenizer files '
+          'the checkpoint was published with.')
