@@ -325,8 +325,10 @@ def test_quick_sweep_killed_resumes_without_rerunning_a_cell_and_matches_transfo
   out = str(tmp_path / 'out')
   command = _evaluate_command('--suite=glue', '--protocol=quick', f'--data={glue_dir}',
                               f'--workdir={micro_run}', f'--out={out}', '--compare=hf')
+  # transformers' model is tiny: torch's threads would only contend with JAX's and pytest's.
+  env = {**os.environ, 'OMP_NUM_THREADS': '1'}
   first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+                           stderr=subprocess.DEVNULL, env=env)
   deadline = time.time() + 300
   while not _cell_files(out) and first.poll() is None and time.time() < deadline:
     time.sleep(0.2)
@@ -336,7 +338,8 @@ def test_quick_sweep_killed_resumes_without_rerunning_a_cell_and_matches_transfo
   with open(finished, 'rb') as f:
     kept = f.read()
   kept_mtime = os.stat(finished).st_mtime_ns
-  done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+  done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
+                        env=env)
   assert done.returncode == 0, done.stderr[-3000:]
   # The finished cell was neither run nor written again; every other one ran once.
   name = os.path.relpath(os.path.dirname(finished), os.path.join(out, 'cells'))
@@ -384,3 +387,28 @@ def test_one_error_line_for_bad_data_and_for_a_suite_not_here(micro_run, tmp_pat
   assert embedding.stderr.strip().splitlines()[-1] == (
       'error: --suite=sts is run by mlm_jax/embedding/suites.py, which this installation does '
       'not have yet.')
+
+
+@pytest.mark.slow
+def test_rte_starts_from_the_chosen_mnli_model(micro_run, glue_dir, tmp_path):
+  """Under a protocol whose RTE starts from MNLI: MNLI runs first (brought in by RTE), its
+  chosen cell's model is kept, and RTE's run records that it started there."""
+  from mlm_jax.evaluation import suites
+  spec = {**json.loads(json.dumps(protocols.QUICK.to_dict())), 'name': 'quick_from_mnli',
+          'seeds': [0], 'start_from_mnli': ['rte']}
+  path = tmp_path / 'protocol.json'
+  path.write_text(json.dumps(spec))
+  out = str(tmp_path / 'out')
+  content = suites.run_suite('glue', workdir=micro_run, hf_dir=None, out_dir=out, data=glue_dir,
+                             protocol=str(path), tasks=['rte'])
+  assert sorted(content['tasks']) == ['mnli', 'rte']
+  cell = protocols.QUICK.cells('rte')[0].name
+  mnli = os.path.join(out, 'cells', 'mnli', cell, 'seed0', 'model')
+  rte = sweep.read_cell(os.path.join(out, 'cells', 'rte', cell, 'seed0'))
+  assert rte['start'] == mnli
+  with open(os.path.join(out, 'cells', 'rte', cell, 'seed0', 'model', 'model.json')) as f:
+    started = json.load(f)['pretrained']
+  assert started['finetuned'] == mnli and started['task'] == 'pair'
+  assert started['from'] == {'workdir': micro_run, 'step': 8}
+  assert os.listdir(os.path.join(mnli, 'best'))          # Kept: RTE started from it.
+  assert not os.path.exists(os.path.join(out, 'cells', 'rte', cell, 'seed0', 'model', 'best'))

@@ -88,6 +88,7 @@ def finetune_cell(protocol: protocols_lib.Protocol, job: sweep_lib.Job, start_di
   dev = {split: read(split) for split in task.dev_splits}
   dev_rows = {split: _encode(tokenizer, examples, index, seq_len) for split, examples in dev.items()}
 
+  transformers.logging.set_verbosity_error()   # Not the load report of every cell's head.
   transformers.set_seed(job.seed)   # The head's initialisation, as config.seed is ours.
   num_labels = 1 if labels is None else len(labels)
   extra = {'classifier_pooling': 'cls'} if record['model']['variant'] == 'modern' else {}
@@ -120,6 +121,7 @@ def finetune_cell(protocol: protocols_lib.Protocol, job: sweep_lib.Job, start_di
       model=model, args=args, train_dataset=train, eval_dataset=dev_rows[first],
       data_collator=transformers.DataCollatorWithPadding(tokenizer),
       compute_metrics=compute, callbacks=[keeper])
+  trainer.remove_callback(transformers.PrinterCallback)   # Each evaluation's dict, printed.
   trainer.train()
   if keeper.step != plan['num_steps']:
     trainer.evaluate()   # Ours always evaluates at the last step.

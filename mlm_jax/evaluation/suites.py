@@ -19,6 +19,7 @@ command continues it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -65,8 +66,15 @@ def run_suite(suite: str, *, workdir: str | None, hf_dir: str | None, out_dir: s
   elif suite.endswith('.json'):
     suite, suite_tasks = suite_file.load(suite)
     payloads, averaged, source = {}, [t.task.name for t in suite_tasks], 'the suite file\'s'
+    # The MNLI start and the drawn-down training files are GLUE's: a suite file's tasks start
+    # from the encoder and train on their whole files.
+    chosen = dataclasses.replace(chosen, start_from_mnli=(), max_train_rows=None)
   else:
     raise ConfigError(f'--suite={suite!r}: use glue, retrieval, sts or a suite file (.json).')
+  tagged = [t.task.name for t in suite_tasks if t.task.kind == 'tag']
+  if compare and tagged:
+    raise ConfigError(f'--compare=hf runs sequence tasks (classify, pair, regress) through '
+                      f'AutoModelForSequenceClassification; {", ".join(tagged)} tag words.')
   sweep_lib.check_batches(chosen, suite_tasks)
   pretrained = pretrained_lib.load(workdir, hf_dir)
   # --------------------------------------------------------- sweep directory

@@ -121,6 +121,7 @@ def check_manifest(out_dir: str, manifest: dict[str, Any]) -> None:
   model or data (the tasks of both must have the same files)."""
   path = os.path.join(out_dir, SWEEP_FILE)
   os.makedirs(out_dir, exist_ok=True)
+  manifest = json.loads(json.dumps(manifest, default=str))   # As the file holds it: lists.
   if os.path.exists(path):
     saved = read_json(path)
     differ = [k for k in ('suite', 'protocol', 'model') if saved.get(k) != manifest[k]]

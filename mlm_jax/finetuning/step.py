@@ -116,42 +116,53 @@ def build(model_cfg: model_lib.ModelConfig, task: str, num_outputs: int,
 
   The model gets the operations of its platform (model_cfg.platform, the
   mesh's); the steps are traced on the mesh (sharding.traced_on), where the
-  activations keep the batch's split. The same arguments give the same Built
-  within a process (its steps traced once): a sweep fine-tunes many runs of
-  one shape, plan and seed (evaluation/sweep.py), and a Built holds no state.
+  activations keep the batch's split. The programs depend on the arguments
+  but the seed, and are made once per process for them: a sweep fine-tunes
+  many runs of one shape and plan with several seeds (evaluation/sweep.py).
   """
+  programs = {k: v for k, v in train.to_dict().items() if k not in _NOT_IN_PROGRAMS}
   key = (model_cfg, task, num_outputs, classifier_dropout,
-         json.dumps(train.to_dict(), sort_keys=True, default=repr), seq_len, seed, mesh)
-  if key not in _BUILT:
-    if len(_BUILT) >= _BUILT_KEPT:
-      _BUILT.pop(next(iter(_BUILT)))   # The oldest: its programs are released with it.
-    _BUILT[key] = _build(model_cfg, task, num_outputs, classifier_dropout, train, seq_len,
-                         seed, mesh)
-  return _BUILT[key]
+         json.dumps(programs, sort_keys=True, default=repr), seq_len, mesh)
+  if key not in _PROGRAMS:
+    if len(_PROGRAMS) >= _PROGRAMS_KEPT:
+      _PROGRAMS.pop(next(iter(_PROGRAMS)))   # The oldest: its executables go with it.
+    _PROGRAMS[key] = _programs(model_cfg, task, num_outputs, classifier_dropout, train, seq_len,
+                               mesh)
+  abstract, train_step, eval_step, init = _PROGRAMS[key]
+  init_rng, dropout_rng = jax.random.split(jax.random.key(seed))
+  return Built(model_cfg, abstract, train_step, eval_step, dropout_rng,
+               lambda: init(init_rng))
 
 
-# Built of this process, by build's arguments; a sweep's cells of one shape, plan and seed
-# reuse them, the oldest dropped past _BUILT_KEPT.
-_BUILT: dict[tuple, Built] = {}
-_BUILT_KEPT = 8
+# The programs of this process by build's arguments but the seed; the oldest is dropped past
+# _PROGRAMS_KEPT.
+_PROGRAMS: dict[tuple, tuple] = {}
+_PROGRAMS_KEPT = 8
+# config.train's fields that the loop reads and the optimizer and steps do not.
+_NOT_IN_PROGRAMS = ('best_metric', 'eval_every', 'checkpoint_every', 'keep_checkpoints',
+                    'log_every', 'tensorboard')
 
 
-def _build(model_cfg: model_lib.ModelConfig, task: str, num_outputs: int,
-           classifier_dropout: float, train: ml_collections.ConfigDict, seq_len: int,
-           seed: int, mesh) -> Built:
+def _programs(model_cfg: model_lib.ModelConfig, task: str, num_outputs: int,
+              classifier_dropout: float, train: ml_collections.ConfigDict, seq_len: int,
+              mesh) -> tuple[state_lib.TrainState, Any, Any, Callable]:
+  """(abstract state, train step, eval step, init(rng) -> state in its sharding), all jitted."""
   model = fine_tuned_model(model_cfg, task, num_outputs, classifier_dropout,
                            platform_ops.for_platform(model_cfg.platform))
   tx = optimizer.make_optimizer(train)   # For the platform of JAX's backend, where it runs.
-  init_rng, dropout_rng = jax.random.split(jax.random.key(seed))
   example = {k: jnp.ones(x.shape, x.dtype) for k, x in batch_spec(task, 1, seq_len).items()}
-  abstract, state_sh, init = state_lib.sharded_state_init(model, tx, init_rng, example, mesh)
+  # The layout does not depend on the rng's value; the init takes it as an argument.
+  abstract, state_sh, _ = state_lib.sharded_state_init(model, tx, jax.random.key(0), example,
+                                                       mesh)
+  init = jax.jit(lambda rng: state_lib.create_state(model, tx, rng, example),
+                 out_shardings=state_sh)
   repl, batch_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh)
   train_step = jax.jit(
       sharding.traced_on(make_train_step(task, optimizer.learning_rate_schedule(train)), mesh),
       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0)
   eval_step = jax.jit(sharding.traced_on(make_eval_step(), mesh),
                       in_shardings=(state_sh, batch_sh), out_shardings=repl)
-  return Built(model_cfg, abstract, train_step, eval_step, dropout_rng, init)
+  return abstract, train_step, eval_step, init
 
 
 def with_pretrained(state: state_lib.TrainState, pretrained: dict[str, Any],
