@@ -143,7 +143,7 @@ def figure(path: str, header: dict[str, Any], ours: dict[str, Any],
   ax.set_xticks(range(len(names)), [ours['tasks'][n]['title'] for n in names])
   ax.set_ylabel('task score (x100)')
   ax.set_title(f'{header["suite"]}, protocol {header["protocol"]["name"]}', fontsize=10)
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=8, loc='lower right', framealpha=0.9)
   fig.tight_layout()
   tmp = f'{path}.{os.getpid()}.tmp.png'
   fig.savefig(tmp)
