@@ -58,6 +58,9 @@ def _embed(workdir: str | None, out_dir: str, train_path: str,
            config: ml_collections.ConfigDict, *, hf_dir: str | None) -> dict[str, Any]:
   start_time, is_main = time.perf_counter(), jax.process_index() == 0
   config_lib.check_config(config, jax.device_count())
+  require(not run_dir.is_embed_run(workdir),
+          f'--workdir={workdir} is an embed run; to train it further, export it (python -m '
+          f'mlm_jax.export --workdir={workdir} --out=DIR) and start from --hf_dir=DIR.')
   # ------------------------------------------------ pretrained model, data
   pretrained = pretrained_lib.load(workdir, hf_dir)
   model_cfg, model_section = _model_config(pretrained, config)
