@@ -40,11 +40,12 @@ from mlm_jax.training import workdir as workdir_lib
 # How a published checkpoint's encoder runs here: the config.model fields its config.json does
 # not decide (interop/hf.py's checkpoint_fields give the rest). The ModernBERT-only fields are
 # read by variant 'modern' alone, whose config.json gives them; for the BERT family, every
-# layer attends globally, as BERT's do.
+# layer attends globally, as BERT's do. Token types: the BERT family's config.json gives
+# them; ModernBERT has none, and its encoder reads none (2, the default of configs/base.py).
 RUN_AS = {'dtype': 'auto', 'attention': 'auto', 'document_mask': False,
           'restart_positions': False, 'scan_layers': False, 'remat': 'none',
           'drop_token_rate': 0.0, 'global_attn_every_n_layers': 1, 'local_attention': 128,
-          'global_rope_theta': 10_000.0, 'local_rope_theta': 10_000.0}
+          'global_rope_theta': 10_000.0, 'local_rope_theta': 10_000.0, 'type_vocab_size': 2}
 
 
 @dataclasses.dataclass(frozen=True)
