@@ -368,11 +368,12 @@ def _train() -> ml_collections.ConfigDict:
 
 
 def _init() -> ml_collections.ConfigDict:
-  """config.init: where the parameters of a new run come from (a resumed run ignores both).
+  """config.init: where the parameters of a new run come from (a resumed run ignores them).
 
-  Either decides the architecture, shape, vocabulary, positions and tokenizer;
-  the config gives the recipe (optimizer, schedule, masking, batch, data,
-  seq_len up to the checkpoint's positions), and the optimizer starts fresh.
+  Each decides the architecture, shape, vocabulary and positions (hf_dir and
+  workdir the tokenizer too); the config gives the recipe (optimizer,
+  schedule, masking, batch, data, seq_len up to the checkpoint's positions).
+  The optimizer starts fresh, but for a Composer checkpoint's (init.composer).
   """
   init = ml_collections.ConfigDict()
   # A Hugging Face directory to continue pretraining from (BertForMaskedLM,
@@ -385,6 +386,15 @@ def _init() -> ml_collections.ConfigDict:
   # An mlm_jax run directory whose latest checkpoint's weights (not its
   # optimizer or step) start this run, e.g. on a new corpus.
   init.workdir = ''
+  # A Composer training checkpoint of FlexBERT (ModernBERT, Ettin, mmBERT) to
+  # continue: a local .pt, a bucket URL (gs://...) or a hub file
+  # org/name[@revision]/path/in/repo.pt. Its weights, and where the file holds
+  # them StableAdamW's moments and its step: the run goes on from that step
+  # (train.num_steps and config.phases count the file's steps too). Its
+  # tokenizer is not in the file: with init.hf_dir (a directory or hub id)
+  # set too, that model supplies only its tokenizer files; else give
+  # tokenizer.model_file. Not with init.workdir.
+  init.composer = ''
   return init
 
 

@@ -1,13 +1,18 @@
-"""Composer training checkpoints of FlexBERT: interop/composer.py and training/composer_init.py.
+"""Composer training checkpoints of FlexBERT: interop/composer.py, training/composer_init.py and
+config.init.composer (run_plan's resolve, the loop's start).
 
 Each test writes a checkpoint in Composer's layout ({'state': {'model', 'optimizers',
 'timestamp', 'integrations', ...}, 'rng': ...}) of a small ModernBertForMaskedLM under
 FlexBERT's names, with StableAdamW's state as ModernBERT's optimizer (optimi's) keeps it.
+A run from it takes its tokenizer from a ModernBERT-layout directory (init.hf_dir) whose
+model is another (2 layers, 320 rows): only its tokenizer files are read.
 """
 
 import collections
 import datetime
 import fractions
+import json
+import os
 import random
 
 import jax
@@ -15,7 +20,11 @@ import numpy as np
 import optax
 import pytest
 
+from mlm_jax.errors import ConfigError
+from tests.conftest import as_modern
+from tests.conftest import micro_config
 from tests.conftest import model_config
+from tests.conftest import run_training
 from tests.test_modern import T
 from tests.test_modern import V
 from tests.test_modern import _batch
@@ -227,3 +236,237 @@ def test_disallowed_truncated_and_foreign_files_are_one_line(tmp_path):
     assert words in message and '\n' not in message and name in message, message
   with pytest.raises(FileNotFoundError):
     composer.load(str(tmp_path / 'missing.pt'))
+
+
+# ------------------------------------------------------- config.init.composer
+
+
+@pytest.fixture(scope='module')
+def source(tmp_path_factory):
+  """(the source ModernBertForMaskedLM, its Composer checkpoint, the moments written)."""
+  hf_model = _hf_model(_transformers(), seed=4)
+  path = tmp_path_factory.mktemp('composer') / 'ep0-ba7-rank0.pt'
+  return hf_model, str(path), _write(path, hf_model, seed=5)
+
+
+@pytest.fixture(scope='module')
+def tokenizer_dir(tmp_path_factory) -> str:
+  """A ModernBERT-layout directory whose tokenizer's V ids fit the checkpoint's table."""
+  from tests import published
+  return published.make_modernbert(str(tmp_path_factory.mktemp('tokenizer')),
+                                   published.sample_texts(200), vocab_size=V)
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory) -> str:
+  return str(tmp_path_factory.mktemp('data') / 'flex')
+
+
+def _config(corpus_glob: str, data_dir: str, path: str, tokenizer_dir: str):
+  """A micro run from the checkpoint at `path`, StableAdamW as the file's, 3 steps after it."""
+  config = as_modern(micro_config(corpus_glob, data_dir))
+  config.init.composer, config.init.hf_dir = path, tokenizer_dir
+  config.train.update({'optimizer': 'stable_adamw', 'learning_rate': LR, 'num_steps': STEP + 3,
+                       'adam_b1': BETAS[0], 'adam_b2': BETAS[1], 'adam_eps': EPS,
+                       'weight_decay': WD / LR, 'grad_clip_norm': 0.0, 'warmup_steps': 0,
+                       'concurrent_chains': 1})
+  return config
+
+
+def _refused(config, match: str, overrides=()) -> str:
+  from mlm_jax.config import run_plan
+  with pytest.raises(ConfigError, match=match) as raised:
+    run_plan.resolve(config, 8, overrides)
+  assert '\n' not in str(raised.value), str(raised.value)
+  return str(raised.value)
+
+
+def test_the_model_comes_from_the_file_and_only_the_tokenizer_from_hf_dir(
+    source, tokenizer_dir, corpus_glob, data_dir, tmp_path):
+  from mlm_jax.config import run_plan
+  _, path, _ = source
+  config = _config(corpus_glob, data_dir, path, tokenizer_dir)
+  resolved = run_plan.resolve(config, 8).config
+  model = resolved.model
+  assert (model.variant, model.vocab_size, model.num_layers, model.hidden_size, model.num_heads,
+          model.intermediate_size, model.max_position_embeddings) == ('modern', V, 3, 64, 4, 96, T)
+  assert (model.local_attention, model.global_attn_every_n_layers, model.global_rope_theta,
+          model.local_rope_theta) == (8, 2, 1000.0, 50.0)
+  assert resolved.tokenizer.model_file == os.path.join(tokenizer_dir, 'tokenizer.json')
+  # The tokenizer file named instead of a directory: the same run.
+  config.init.hf_dir, config.tokenizer.model_file = '', resolved.tokenizer.model_file
+  assert run_plan.resolve(config, 8).config.model.to_dict() == model.to_dict()
+  # What the file decides is not overridden; what it suggests is.
+  config.model.num_layers, config.model.global_rope_theta = 2, 160_000.0
+  _refused(config, r'config.model.num_layers=2 contradicts the checkpoint in .*ep0-ba7',
+           ['model.num_layers'])
+  assert run_plan.resolve(config, 8, ['model.global_rope_theta']).config.model.global_rope_theta \
+      == 160_000.0
+  config = _config(corpus_glob, data_dir, path, tokenizer_dir)
+  config.init.workdir = str(tmp_path)
+  _refused(config, 'config.init.composer=.* and config.init.workdir=.* are both set')
+  config = _config(corpus_glob, data_dir, path, '')
+  _refused(config, r'holds no tokenizer: .*--config.init.hf_dir=answerdotai/ModernBERT-base .*'
+           'tokenizer.json as --config.tokenizer.model_file')
+  config = _config(corpus_glob, data_dir, str(tmp_path / 'no' / 'ep0-ba7-rank0.pt'),
+                   tokenizer_dir)
+  _refused(config, 'ep0-ba7-rank0.pt.: no such file, nor a bucket URL')
+  # The run goes on from the file's step: its steps must reach past it.
+  config = _config(corpus_glob, data_dir, path, tokenizer_dir)
+  config.train.num_steps = STEP
+  _refused(config, rf"stands at step {STEP}, .*num_steps={STEP} \(it counts the file's steps")
+
+
+def test_a_broken_or_unsafe_file_is_one_line_through_the_config(source, tokenizer_dir,
+                                                                corpus_glob, data_dir, tmp_path):
+  hf_model, path, _ = source
+  _write(tmp_path / 'evil.pt', hf_model, callbacks={'Custom': fractions.Fraction(1, 3)})
+  with open(path, 'rb') as f:
+    data = f.read()
+  (tmp_path / 'cut.pt').write_bytes(data[:len(data) // 3])
+  for name, words in (('evil.pt', 'holds fractions.Fraction, which loading would construct'),
+                      ('cut.pt', 'is truncated or corrupt')):
+    message = _refused(_config(corpus_glob, data_dir, str(tmp_path / name), tokenizer_dir),
+                       words)
+    assert message.startswith('config.init.composer=') and name in message, message
+
+
+def test_a_hub_file_is_read_from_the_cache_offline_and_pinned(source, tokenizer_dir,
+                                                              corpus_glob, data_dir, tmp_path,
+                                                              monkeypatch):
+  """org/name[@revision]/path through the Hugging Face cache, recorded at its commit; not
+  cached while offline: one line naming the download."""
+  import shutil
+  from mlm_jax.config import run_plan
+  from mlm_jax.interop import composer
+  from tests.test_continue import _offline_cache
+  from tests.test_continue import as_hub_cache
+  _offline_cache(monkeypatch, str(tmp_path / 'hf'))
+  os.makedirs(tmp_path / 'repo' / 'pre-decay')
+  shutil.copy(source[1], tmp_path / 'repo' / 'pre-decay' / 'ep0-ba7-rank0.pt')
+  revision = as_hub_cache(str(tmp_path / 'hf'), 'example-org/flex-checkpoints',
+                          str(tmp_path / 'repo'))
+  model_revision = as_hub_cache(str(tmp_path / 'hf'), 'example-org/modernbert-mini',
+                                tokenizer_dir, revision='e5f6a7b8' * 5)
+  name = 'example-org/flex-checkpoints/pre-decay/ep0-ba7-rank0.pt'
+  pinned = f'example-org/flex-checkpoints@{revision}/pre-decay/ep0-ba7-rank0.pt'
+  for given in (name, pinned):
+    resolved = run_plan.resolve(_config(corpus_glob, data_dir, given,
+                                        'example-org/modernbert-mini'), 8).config
+    assert resolved.init.composer == pinned and resolved.model.num_layers == 3
+    # The model's id supplies the tokenizer, recorded at its commit too.
+    assert resolved.init.hf_dir == f'example-org/modernbert-mini@{model_revision}'
+    assert resolved.tokenizer.model_file.startswith(str(tmp_path / 'hf' / 'hub'))
+  local = composer.local_file(name, 'config.init.composer').local_path
+  assert local.startswith(str(tmp_path / 'hf' / 'hub')) and os.path.isfile(local)
+  assert composer.local_file(source[1], 'config.init.composer').local_path == source[1]
+  _refused(_config(corpus_glob, data_dir, 'example-org/absent@v1/ep0-ba7-rank0.pt',
+                   tokenizer_dir),
+           r'not in the Hugging Face cache .*`hf download example-org/absent ep0-ba7-rank0.pt '
+           r'--revision v1`')
+
+
+def test_a_bucket_url_is_copied_into_the_cache_once(source, tmp_path, monkeypatch):
+  """gs://... through data/paths.py (here a stand-in for the bucket), into CACHE/remote/."""
+  from mlm_jax.data import paths
+  from mlm_jax.interop import composer
+  _, path, _ = source
+  opened = []
+
+  def open_binary(url: str):
+    opened.append(url)
+    return open(path, 'rb')
+  monkeypatch.setenv('MLM_JAX_CACHE', str(tmp_path / 'cache'))
+  monkeypatch.setattr(paths, 'size', lambda url: os.path.getsize(path))
+  monkeypatch.setattr(paths, 'open_binary', open_binary)
+  url = 'gs://bucket/run/ep0-ba7-rank0.pt'
+  local = [composer.local_file(url, 'config.init.composer').local_path for _ in range(2)]
+  assert opened == [url] and local[0] == local[1]
+  assert local[0].startswith(str(tmp_path / 'cache' / 'remote'))
+  with open(local[0], 'rb') as a, open(path, 'rb') as b:
+    assert a.read() == b.read()
+  assert composer.read(url, 'config.init.composer').step == STEP
+
+
+def _adam_state(opt_state) -> optax.ScaleByAdamState:
+  (adam,) = [s for s in jax.tree_util.tree_leaves(
+      opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+             if isinstance(s, optax.ScaleByAdamState)]
+  return adam
+
+
+def test_a_run_starts_at_the_files_weights_moments_and_step(source, tokenizer_dir, corpus_glob,
+                                                            data_dir, tmp_path, caplog):
+  """The state the loop trains from: the source model's logits, the file's moments on their
+  parameters (converted to optax's terms), its step in the state and the schedule's count."""
+  from mlm_jax.config import run_plan
+  from mlm_jax.training import checkpoint
+  from mlm_jax.training import loop
+  hf_model, path, moments = source
+  workdir = str(tmp_path / 'run')
+  run = run_plan.resolve(_config(corpus_glob, data_dir, path, tokenizer_dir),
+                         jax.device_count(), (), workdir)
+  phase = run.plan.phases[0]
+  data, _, _, built = loop._build(run.config, run.plan, phase)  # pylint: disable=protected-access
+  checkpointer = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'), run.config.train)
+  try:
+    with caplog.at_level('INFO'):
+      state, start, restored = loop._resume(  # pylint: disable=protected-access
+          built, checkpointer, run.config, data, run.plan, phase)
+  finally:
+    checkpointer.close()
+  assert (start, int(state.step), restored) == (STEP, STEP, False)
+  # One line says what was carried; the config's linear schedule over 10 steps is at 3/10 of
+  # its peak there, the file's run at its own last rate.
+  (line,) = [r.getMessage() for r in caplog.records if 'Composer checkpoint' in r.getMessage()]
+  assert line.endswith(f"at step {STEP}: its weights; StableAdamW's moments at its step {STEP}; "
+                       f"learning rate at step {STEP}: the file's last {LR:.3g}, the config's "
+                       f'schedule {LR * 0.3:.3g}'), line
+  assert not [r for r in caplog.records if 'continue under' in r.getMessage()]  # Its betas.
+  batch = _batch(7)
+  ours, theirs = _logits(built.model_cfg, state.params, batch), _hf_logits(hf_model, batch)
+  diff = _max_diff_at_real_tokens(ours, theirs, batch)
+  print(f'Composer -> run start: max |ours - HF| = {diff:.2e}')
+  assert diff <= 1e-5
+  adam = _adam_state(state.opt_state)
+  assert int(adam.count) == STEP
+  m, v = moments['model.layers.1.attn.Wqkv.weight']
+  qkv = adam.mu['encoder']['layer_1']['attention']['qkv']['kernel'], adam.nu['encoder'][
+      'layer_1']['attention']['qkv']['kernel']  # [d, 3, N, H] here, [3*N*H, d] there.
+  for ours, theirs, beta in zip(qkv, (m, v), BETAS):
+    np.testing.assert_allclose(np.asarray(ours), (theirs * (1 - beta ** STEP)).T.reshape(
+        64, 3, 4, 16), rtol=1e-6)
+  m, _ = moments['model.embeddings.tok_embeddings.weight']
+  table = np.asarray(adam.mu['encoder']['embeddings']['token']['embedding'])
+  np.testing.assert_allclose(table[:V], m * (1 - BETAS[0] ** STEP), rtol=1e-6)
+  assert not table[V:].any()  # Padding rows: no moments.
+  counts = [s.count for s in jax.tree_util.tree_leaves(
+      state.opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState))
+            if isinstance(s, optax.ScaleByScheduleState)]
+  assert counts and all(int(c) == STEP for c in counts)
+
+
+@pytest.mark.slow
+def test_a_decay_phase_goes_on_from_the_files_step(source, tokenizer_dir, corpus_glob, data_dir,
+                                                   tmp_path):
+  """config.phases whose decay starts at the file's step (the phase before it: the steps the
+  file holds): the run trains only the decay, from its peak, and a second start resumes."""
+  from mlm_jax.training import checkpoint
+  from mlm_jax.training import metrics
+  _, path, _ = source
+  config = _config(corpus_glob, data_dir, path, tokenizer_dir)
+  config.train.update({'log_every': 1, 'eval_every': 2, 'checkpoint_every': 2})
+  config.phases = (
+      dict(name='published', steps=STEP, overrides=dict(train=dict(schedule='constant'))),
+      dict(name='decay', steps=2, overrides=dict(train=dict(
+          schedule='decay', decay_shape='1-sqrt', final_lr_ratio=0.001))))
+  workdir = str(tmp_path / 'run')
+  summary = run_training(config, workdir)
+  rates = metrics.read_metrics(workdir)['learning_rate']
+  assert sorted(rates) == [STEP + 1, STEP + 2]
+  assert rates[STEP + 1] == pytest.approx(LR)  # The decay's peak at its first step,
+  assert rates[STEP + 2] == pytest.approx(LR * (0.001 + 0.999 * (1 - np.sqrt(0.5))))  # then 1-sqrt.
+  assert checkpoint.latest_step(os.path.join(workdir, 'checkpoints')) == STEP + 2
+  assert summary['step'] == STEP + 2
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f)['init']['composer'] == path

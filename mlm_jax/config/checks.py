@@ -18,6 +18,7 @@ from mlm_jax.config import phases
 from mlm_jax.config import train_checks
 from mlm_jax.data import corpus
 from mlm_jax.data import masking
+from mlm_jax.data import paths
 from mlm_jax.data import pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import sentence_pairs
@@ -101,8 +102,11 @@ def _check_mesh(config: ml_collections.ConfigDict, num_devices: int | None) -> N
 
 
 def check_init(config: ml_collections.ConfigDict) -> None:
-  """A model to start from must exist; one source at a time."""
+  """A model to start from must exist; one source at a time (a Composer checkpoint takes its
+  tokenizer from init.hf_dir's files or tokenizer.model_file)."""
   init = config.init
+  if init.composer:
+    _check_composer(config)
   require(not (init.hf_dir and init.workdir),
           f'config.init.hf_dir={init.hf_dir!r} and config.init.workdir={init.workdir!r} are both '
           'set: start from one of them.')
@@ -118,3 +122,26 @@ def check_init(config: ml_collections.ConfigDict) -> None:
     require(os.path.isfile(os.path.join(os.path.expanduser(init.workdir), 'config.json')),
             f'config.init.workdir={init.workdir!r} is not an mlm_jax run directory (no '
             'config.json): give the --workdir of an earlier training run.')
+
+
+def _check_composer(config: ml_collections.ConfigDict) -> None:
+  """config.init.composer: a file (local, a bucket URL, a hub file), its tokenizer named, and
+  nothing the file cannot give (a run's weights, added words, a sentence-pair head)."""
+  init, name = config.init, config.init.composer
+  require(not init.workdir,
+          f'config.init.composer={name!r} and config.init.workdir={init.workdir!r} are both set: '
+          'start from one of them.')
+  require(bool(init.hf_dir or config.tokenizer.model_file),
+          f'config.init.composer={name!r} holds no tokenizer: name the model it trains, '
+          'e.g. --config.init.hf_dir=answerdotai/ModernBERT-base (only its tokenizer files are '
+          'read), or its tokenizer.json as --config.tokenizer.model_file.')
+  require(not config.tokenizer.add_tokens,
+          'config.tokenizer.add_tokens would grow the embedding table of the Composer checkpoint '
+          'in config.init.composer, whose moments are kept row for row: add the words in a '
+          'later run started with --config.init.workdir.')
+  require(config.sentence_pair.task == 'none',
+          f'config.sentence_pair.task={config.sentence_pair.task!r} needs a sentence-pair head, '
+          'which a FlexBERT checkpoint (config.init.composer) has not: use task=\'none\'.')
+  require(paths.is_url(name) or hub.is_hub_file(name) or os.path.isfile(os.path.expanduser(name)),
+          f'config.init.composer={name!r}: no such file, nor a bucket URL (gs://...) or a hub '
+          'file (org/name[@revision]/path/in/repo).')

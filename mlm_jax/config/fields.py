@@ -192,6 +192,7 @@ TABLE: dict[str, dict[str, Field]] = {
     'init': {
         'hf_dir': _f(RECIPE, phase=FIXED),
         'workdir': _f(RECIPE, phase=FIXED),
+        'composer': _f(RECIPE, '', phase=FIXED),  # Runs saved before it started from no file.
     },
     'eval': {
         'batch_size': _f(RUNTIME),

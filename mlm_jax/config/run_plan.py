@@ -78,14 +78,17 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
   """The run a command starts: its config checked (ConfigError), with implied settings filled
   in, and planned (plan_run).
 
-  A run started from config.init.hf_dir or config.init.workdir takes the
-  architecture, shape, vocabulary, positions and tokenizer from that model:
-  its config.model fields are replaced (and logged), and a field named in
-  `overrides` (the command line's --config.* keys, e.g. 'model.num_layers')
-  that contradicts the checkpoint is a ConfigError. The config keeps the
-  recipe: optimizer, schedule, masking, batch, data, seq_len. Which fields a
-  checkpoint decides, and which it only suggests, is the field table's
-  (fields.checkpoint_fields).
+  A run started from config.init.hf_dir, config.init.workdir or
+  config.init.composer takes the architecture, shape, vocabulary, positions
+  and tokenizer from that model (a Composer checkpoint's tokenizer from
+  init.hf_dir's files or tokenizer.model_file): its config.model fields are
+  replaced (and logged), and a field named in `overrides` (the command
+  line's --config.* keys, e.g. 'model.num_layers') that contradicts the
+  checkpoint is a ConfigError. The config keeps the recipe: optimizer,
+  schedule, masking, batch, data, seq_len. Which fields a checkpoint
+  decides, and which it only suggests, is the field table's
+  (fields.checkpoint_fields). A Composer checkpoint's run goes on from the
+  file's step, so its steps (train.num_steps, or the phases) must reach past it.
 
   The final config is validated once. The init model's tokenizer is loaded
   here to check it against the checkpoint's table; tokenizer.load keeps it,
@@ -95,25 +98,32 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
   require(not (config.get('phases') and 'train.num_steps' in overrides),
           'config.train.num_steps is given, but the run is in phases (config.phases), whose '
           'lengths set the steps: give each phase its steps or tokens instead.')
-  if config.init.hf_dir or config.init.workdir:
-    config = _from_checkpoint(config, overrides, num_devices)
+  init = config.init
+  if init.hf_dir or init.workdir or init.composer:
+    config, source = _from_checkpoint(config, overrides, num_devices)
   else:
     checks.validate(config, num_devices=num_devices)
-  return plan_run(config, workdir)
+  run = plan_run(config, workdir)
+  if init.composer:
+    _check_start(run, source)
+  return run
 
 
 def _from_checkpoint(config: ml_collections.ConfigDict, overrides: set[str],
-                     num_devices: int | None) -> ml_collections.ConfigDict:
-  """The config with what config.init's checkpoint decides filled in, validated."""
-  init = config.init
+                     num_devices: int | None) -> tuple[ml_collections.ConfigDict, _Source]:
+  """The config with what config.init's checkpoint decides filled in, validated; and where
+  its model came from."""
   checks.check_init(config)  # Where the model comes from, before it is read.
-  source, found, tokenizer_path, pinned = _init_source(init)
+  init_source = _init_source(config)
+  source, found, tokenizer_path = (init_source.where, init_source.fields,
+                                   init_source.tokenizer_path)
   config = config.copy_and_resolve_references()
-  if pinned:
-    # The commit the hub id resolved to, recorded in the run's config.json: a resumed or
+  for key, pinned in init_source.pinned.items():
+    # The commit a hub id resolved to, recorded in the run's config.json: a resumed or
     # re-read run reads exactly these files again, whatever the branch points to later.
-    logging.info('config.init.hf_dir=%r is %s, read from %s', init.hf_dir, pinned, source)
-    config.init.hf_dir = pinned
+    logging.info('config.init.%s=%r is %s, read from %s', key, config.init[key], pinned,
+                 source)
+    config.init[key] = pinned
   model = config.model
   rules = field_table.checkpoint_fields(found.get('variant', model.variant))
   for key, rule in rules.items():
@@ -146,12 +156,26 @@ def _from_checkpoint(config: ml_collections.ConfigDict, overrides: set[str],
              'its position table has that many rows: use at most that.'))
   checks.validate(config, num_devices=num_devices)
   _check_vocab(config, source)
-  return config
+  return config, init_source
 
 
-def _init_source(init: ml_collections.ConfigDict) -> tuple[str, dict[str, Any], str, str | None]:
-  """(where, config.model fields of its model, its tokenizer's path, the pinned hub id
-  'org/name@commit' or None for a local directory) of config.init's model."""
+@dataclasses.dataclass(frozen=True)
+class _Source:
+  """config.init's model: where it is, the config.model fields it decides or suggests, its
+  tokenizer's path, {config.init field: the pinned hub name 'org/name@commit[/path]'} for
+  hub names, and the step its run stands at (a Composer checkpoint's; else 0)."""
+  where: str
+  fields: dict[str, Any]
+  tokenizer_path: str
+  pinned: dict[str, str]
+  step: int = 0
+
+
+def _init_source(config: ml_collections.ConfigDict) -> _Source:
+  """config.init's model, read as far as the config needs it (its weights are the loop's)."""
+  init = config.init
+  if init.composer:
+    return _composer_source(config)
   if init.hf_dir:
     from mlm_jax.interop import hf  # pylint: disable=import-outside-toplevel  # interop extra
     try:
@@ -168,7 +192,8 @@ def _init_source(init: ml_collections.ConfigDict) -> tuple[str, dict[str, Any], 
             f'config.init.hf_dir={init.hf_dir!r} has no tokenizer files (tokenizer.json, '
             'vocab.txt, or an mlm_jax tokenizer.model), so its ids cannot be matched to text: '
             'copy the tokenizer files published with the model into it.')
-    return hf_dir, fields, tokenizer_path, resolved.pinned
+    return _Source(hf_dir, fields, tokenizer_path,
+                   {'hf_dir': resolved.pinned} if resolved.pinned else {})
   workdir = os.path.expanduser(init.workdir)
   with open(os.path.join(workdir, 'config.json')) as f:
     run = saved.read(json.load(f), os.path.join(workdir, 'config.json'))
@@ -178,7 +203,46 @@ def _init_source(init: ml_collections.ConfigDict) -> tuple[str, dict[str, Any], 
   require(tokenizer_path is not None,
           f'config.init.workdir={init.workdir!r} holds no tokenizer (tokenizer.model or '
           'tokenizer/): it was not written by a training run.')
-  return workdir, found, tokenizer_path, None
+  return _Source(workdir, found, tokenizer_path, {})
+
+
+def _composer_source(config: ml_collections.ConfigDict) -> _Source:
+  """A Composer checkpoint (read once per process: composer.read keeps it for the loop), its
+  fields from its FlexBertConfig; the tokenizer from init.hf_dir's files (nothing else of that
+  model is read or fetched) or tokenizer.model_file."""
+  from mlm_jax.interop import composer  # pylint: disable=import-outside-toplevel  # interop extra
+  init, pinned = config.init, {}
+  try:
+    located = composer.local_file(init.composer, 'config.init.composer')
+    checkpoint = composer.read(init.composer, 'config.init.composer')
+    if init.hf_dir:
+      resolved = hub.resolve(init.hf_dir, 'config.init.hf_dir', hub.TOKENIZER_PATTERNS)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if located.pinned:
+    pinned['composer'] = located.pinned
+  tokenizer_path = config.tokenizer.model_file
+  if init.hf_dir:
+    tokenizer_path = tokenizer.tokenizer_files(resolved.local_dir)
+    require(tokenizer_path is not None,
+            f'config.init.hf_dir={init.hf_dir!r} has no tokenizer files (tokenizer.json or '
+            'vocab.txt) for the Composer checkpoint in config.init.composer: name the model '
+            'the checkpoint trains, or give its tokenizer.json as config.tokenizer.model_file.')
+    if resolved.pinned:
+      pinned['hf_dir'] = resolved.pinned
+  return _Source(located.local_path, dict(checkpoint.model_fields), tokenizer_path, pinned,
+                 checkpoint.step)
+
+
+def _check_start(run: RunPlan, source: _Source) -> None:
+  """A run that goes on from a Composer checkpoint's step must have steps after it."""
+  end, step = run.plan.num_steps, source.step
+  what = ("config.phases end at step {end:,} (their steps count from the file's first step)"
+          if run.plan.phased else 'config.train.num_steps={end:,} (it counts the file\'s steps '
+          'too)').format(end=end)
+  require(step < end,
+          f'the Composer checkpoint in {source.where} stands at step {step:,}, and the run goes '
+          f'on from there, but {what}: train to step {step:,} + the steps to take.')
 
 
 def _check_vocab(config: ml_collections.ConfigDict, source: str) -> None:

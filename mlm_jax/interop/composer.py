@@ -27,6 +27,11 @@ mu = exp_avg * (1 - beta1^t) and nu = exp_avg_sq * (1 - beta2^t). A checkpoint o
 weights with Kahan summation holds each weight's lost low bits in `kahan_comp`: they are
 added back.
 
+The file may be local, at a bucket URL (gs://, s3://: copied once into the cache of
+data/prepared.py, as a data dir is) or a hub file (org/name[@revision]/path, through the
+Hugging Face cache: interop/hub.py); `local_file` finds it, and `read` reads it once per
+process (a training checkpoint is GBs: the command's config check and the loop share it).
+
 What must stay true: logits of the read params through our model equal the source model's
 (ModernBertForMaskedLM with the same weights) to 1e-5, and one optimizer step of ours from the
 read state equals one step of the source optimizer (tests/test_composer.py); every error in
@@ -36,16 +41,23 @@ naming the file.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
+import hashlib
+import os
 import pickle
 import re
+import shutil
 from typing import Any
 
 import numpy as np
 
 from mlm_jax import model as model_lib
+from mlm_jax.data import paths
+from mlm_jax.data import prepared
 from mlm_jax.interop import hf
+from mlm_jax.interop import hub
 
 Params = dict[str, Any]
 # FlexBERT (Composer's 'model.' prefix included) -> ModernBertForMaskedLM, by name prefix.
@@ -310,3 +322,70 @@ def load(path: str, fields: dict[str, Any] | None = None) -> Checkpoint:
   timestamp = (state.get('timestamp') or {}).get('Timestamp') or {}
   step = int(timestamp.get('batch', optimizer_step or 0))
   return Checkpoint(path, tensors, moments, step, optimizer_step, lr, hyper, found)
+
+
+# ---------------------------------------------------------------- where the file is
+
+
+def local_file(name: str, flag: str) -> hub.ResolvedFile:
+  """`name` as a file on this machine: a local path as it is, a bucket URL copied once into
+  the cache (CACHE/remote/), a hub file through the Hugging Face cache (pinned to its commit).
+  `flag` names the setting in errors: ValueError, one line."""
+  if paths.is_url(name):
+    return hub.ResolvedFile(_copy_down(name, flag), None)
+  if hub.is_hub_file(name):
+    return hub.resolve_file(name, flag)
+  path = os.path.expanduser(name)
+  if not os.path.isfile(path):
+    raise ValueError(f'{flag}={name!r}: no such file, nor a bucket URL (gs://...) or a hub file '
+                     '(org/name[@revision]/path/in/repo).')
+  return hub.ResolvedFile(path, None)
+
+
+def _copy_down(url: str, flag: str) -> str:
+  """The local copy of the file at `url`, made unless one of its size is there; written under
+  another name and renamed, so that an interrupted copy is never taken as complete."""
+  digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+  local = os.path.join(prepared.cache_root(), 'remote', f'{digest}-{os.path.basename(url)}')
+  try:
+    size = paths.size(url)
+  except Exception as e:  # pylint: disable=broad-except  # fsspec back ends raise their own.
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ValueError(f'{flag}={url!r} cannot be read ({reason}): check the URL, and that the '
+                     'back end of its scheme is installed (gcsfs for gs://, s3fs for s3://).'
+                     ) from None
+  if os.path.isfile(local) and os.path.getsize(local) == size:
+    return local
+  os.makedirs(os.path.dirname(local), exist_ok=True)
+  partial = f'{local}.copy-{os.getpid()}'
+  with paths.open_binary(url) as reader, open(partial, 'wb') as writer:
+    shutil.copyfileobj(reader, writer, 1 << 24)
+  os.replace(partial, local)
+  return local
+
+
+# Checkpoints read in this process, by (local path, size, modification time): the newest only.
+_LOADED: collections.OrderedDict[tuple, Checkpoint] = collections.OrderedDict()
+_MAX_LOADED = 1
+
+
+def read(name: str, flag: str) -> Checkpoint:
+  """The checkpoint `name` names (local_file), read by `load`; a file read before in this
+  process and unchanged since gives the same Checkpoint again. ValueError, one line naming
+  `flag`, for a file that cannot be found or read."""
+  path = local_file(name, flag).local_path
+  try:
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    if key not in _LOADED:
+      _LOADED[key] = load(path)
+      while len(_LOADED) > _MAX_LOADED:
+        _LOADED.popitem(last=False)
+    return _LOADED[key]
+  except (ValueError, FileNotFoundError) as e:
+    raise ValueError(f'{flag}={name!r}: {e}') from None
+
+
+def forget() -> None:
+  """Lets the checkpoints `read` keeps go (their tensors are the size of the model, thrice)."""
+  _LOADED.clear()

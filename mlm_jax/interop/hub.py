@@ -1,11 +1,15 @@
-"""Hugging Face hub ids (`org/name`, `org/name@revision`) as model directories.
+"""Hugging Face hub ids (`org/name`, `org/name@revision`) as model directories, and hub files
+(`org/name[@revision]/path/in/repo`) as local files.
 
 config.init.hf_dir and finetune --hf_dir take a local directory or a hub id.
 A hub id resolves through huggingface_hub's `snapshot_download` to the
 snapshot directory of its cache ($HF_HOME/hub/models--org--name/snapshots/
 <commit>/), fetching only the files an import reads (config, weights,
-tokenizer files). With HF_HUB_OFFLINE=1 a cached copy is used as it is; an
-id that is not cached is one line naming the download command.
+tokenizer files), or only the tokenizer files where that is all a run
+takes from it. A hub file (config.init.composer) resolves through
+`hf_hub_download` to its place in the same snapshot. With HF_HUB_OFFLINE=1 a
+cached copy is used as it is; one that is not cached is one line naming the
+download command.
 
 What must stay true: an existing local path is never taken for a hub id (a
 directory named `org/name` under the working directory wins), and the
@@ -28,6 +32,12 @@ ALLOW_PATTERNS = ('config.json', '*.safetensors', 'model.safetensors.index.json'
                   'pytorch_model*.bin', 'pytorch_model.bin.index.json', 'tokenizer.json',
                   'tokenizer_config.json', 'special_tokens_map.json', 'vocab.txt', 'vocab.json',
                   'merges.txt', '*.model', 'added_tokens.json')
+# The tokenizer files alone (a Composer checkpoint's run reads only these of its model's id).
+TOKENIZER_PATTERNS = tuple(p for p in ALLOW_PATTERNS if 'safetensors' not in p
+                           and not p.startswith('pytorch_model'))
+# org/name[@revision]/path: one file of a repository (a revision without '/' here).
+_HUB_FILE = re.compile(r'^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w.-]+))?'
+                       r'/(?P<file>[^/].*)$')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,27 +61,23 @@ def is_hub_id(name: str) -> bool:
   return name[0] not in './~' and _HUB_ID.match(name) is not None
 
 
-def resolve(name: str, flag: str) -> Resolved:
+def resolve(name: str, flag: str, patterns: tuple[str, ...] = ALLOW_PATTERNS) -> Resolved:
   """`name` (a directory or a hub id) as a directory on this machine.
 
-  `flag` names the setting in errors (e.g. 'config.init.hf_dir'). Raises
-  ValueError (one line) for a hub id that cannot be fetched: not cached while
-  offline, unknown, or huggingface_hub not installed.
+  `flag` names the setting in errors (e.g. 'config.init.hf_dir'); `patterns`:
+  the files of a hub id to fetch. Raises ValueError (one line) for a hub id
+  that cannot be fetched: not cached while offline, unknown, or
+  huggingface_hub not installed.
   """
   if not is_hub_id(name):
     return Resolved(os.path.expanduser(name), None, None)
   match = _HUB_ID.match(name)
   repo_id, revision = match.group('repo'), match.group('revision')
-  try:
-    import huggingface_hub  # pylint: disable=import-outside-toplevel  # interop extra
-    from huggingface_hub import errors  # pylint: disable=import-outside-toplevel
-  except ImportError as e:
-    raise ValueError(f"{flag}={name!r} is a hub id, which needs huggingface_hub: pip install -e "
-                     "'.[interop]' (or give a local directory).") from e
+  huggingface_hub, errors = _hub_library(flag, name, 'a hub id', 'a local directory')
   command = f'hf download {repo_id}' + (f' --revision {revision}' if revision else '')
   try:
     local_dir = huggingface_hub.snapshot_download(repo_id, revision=revision,
-                                                  allow_patterns=list(ALLOW_PATTERNS))
+                                                  allow_patterns=list(patterns))
   except errors.LocalEntryNotFoundError as e:
     raise ValueError(f'{flag}={name!r}: no such local directory, and as a hub id it is not in '
                      f'the Hugging Face cache ({huggingface_hub.constants.HF_HUB_CACHE}) while the '
@@ -86,3 +92,63 @@ def resolve(name: str, flag: str) -> Resolved:
     raise ValueError(f'{flag}={name!r}: the hub refused the download ({first}); try '
                      f'`{command}`.') from e
   return Resolved(local_dir, repo_id, os.path.basename(os.path.normpath(local_dir)))
+
+
+def _hub_library(flag: str, name: str, what: str, instead: str):
+  """(huggingface_hub, its errors module); ValueError (one line) where it is not installed."""
+  try:
+    import huggingface_hub  # pylint: disable=import-outside-toplevel  # interop extra
+    from huggingface_hub import errors  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise ValueError(f"{flag}={name!r} is {what}, which needs huggingface_hub: pip install -e "
+                     f"'.[interop]' (or give {instead}).") from e
+  return huggingface_hub, errors
+
+
+def is_hub_file(name: str) -> bool:
+  """True for `org/name[@revision]/path/in/repo` that is not an existing local path."""
+  if not name or os.path.exists(os.path.expanduser(name)) or '://' in name:
+    return False
+  return name[0] not in './~' and _HUB_FILE.match(name) is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedFile:
+  """A file on this machine, and the hub file it is (None: a local file)."""
+
+  local_path: str
+  pinned: str | None  # 'org/name@commit/path': the name that gives exactly this file again.
+
+
+def resolve_file(name: str, flag: str) -> ResolvedFile:
+  """`name` (a local file or a hub file, `is_hub_file`) as a file on this machine, a hub file
+  through the Hugging Face cache. ValueError (one line) as `resolve`'s, and for a repository
+  without that file."""
+  if not is_hub_file(name):
+    return ResolvedFile(os.path.expanduser(name), None)
+  match = _HUB_FILE.match(name)
+  repo_id, revision, filename = match.group('repo'), match.group('revision'), match.group('file')
+  huggingface_hub, errors = _hub_library(flag, name, 'a hub file', 'a local file')
+  command = f'hf download {repo_id} {filename}' + (f' --revision {revision}' if revision else '')
+  try:
+    local_path = huggingface_hub.hf_hub_download(repo_id, filename, revision=revision)
+  except errors.LocalEntryNotFoundError as e:
+    raise ValueError(f'{flag}={name!r}: no such local file, and as a hub file it is not in the '
+                     f'Hugging Face cache ({huggingface_hub.constants.HF_HUB_CACHE}) while the hub '
+                     f'cannot be reached (HF_HUB_OFFLINE or no network): download it with '
+                     f'`{command}` (same HF_HOME), or give a local file.') from e
+  except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError) as e:
+    raise ValueError(f'{flag}={name!r}: no such model or revision on the hub '
+                     f'({type(e).__name__}); check the id, or log in with `hf auth login` for '
+                     'a gated or private model.') from e
+  except errors.EntryNotFoundError as e:
+    raise ValueError(f'{flag}={name!r}: {repo_id} has no file {filename!r}' + (
+        f' at {revision}' if revision else '') + '; see its files at '
+        f'https://huggingface.co/{repo_id}/tree/{revision or "main"}.') from e
+  except errors.HfHubHTTPError as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ValueError(f'{flag}={name!r}: the hub refused the download ({first}); try '
+                     f'`{command}`.') from e
+  # The cache keeps it as .../snapshots/<commit>/<filename>.
+  snapshot = local_path[:len(local_path) - len(filename)].rstrip(os.sep)
+  return ResolvedFile(local_path, f'{repo_id}@{os.path.basename(snapshot)}/{filename}')

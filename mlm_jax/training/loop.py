@@ -35,12 +35,14 @@ from mlm_jax.runtime import host_malloc
 from mlm_jax.runtime import sharding
 from mlm_jax.training import build as build_lib
 from mlm_jax.training import checkpoint
+from mlm_jax.training import composer_init
 from mlm_jax.training import feed as feed_lib
 from mlm_jax.training import heldout
 from mlm_jax.training import init_from
 from mlm_jax.training import lock
 from mlm_jax.training import metrics
 from mlm_jax.training import mixture_run
+from mlm_jax.training import optimizer
 from mlm_jax.training import preemption
 from mlm_jax.training import profiling
 from mlm_jax.training import report as report_lib
@@ -64,7 +66,7 @@ def train_and_evaluate(run: run_plan.RunPlan, workdir: str) -> dict[str, Any]:
     if jax.process_index() == 0:
       workdir_lib.record_plan(workdir, plan.describe())
     while True:
-      phase = plan.phase_at(checkpoint.latest_step(workdir_lib.checkpoint_dir(workdir)))
+      phase = plan.phase_at(_first_step(run.config, workdir))
       done = _train_phase(workdir, plan, phase)
       if done.stopped or (done.finished and phase is plan.phases[-1]):
         return done.summary
@@ -85,7 +87,7 @@ def _train_phase(workdir: str, plan: phases.Plan, phase: phases.Phase) -> _Phase
   workdir_lib.check_tokenizer(workdir, data.tokenizer)
   # ---------------------------------------------------------------- resume
   checkpointer = checkpoint.Checkpointer(workdir_lib.checkpoint_dir(workdir), config.train)
-  state, start_step = _resume(built, checkpointer, config, data)
+  state, start_step, restored = _resume(built, checkpointer, config, data, plan, phase)
   if start_step < phase.start_step:  # The phase's checkpoint did not read: an earlier phase's.
     checkpointer.close()
     return _PhaseEnd({}, stopped=False, finished=False)
@@ -101,7 +103,9 @@ def _train_phase(workdir: str, plan: phases.Plan, phase: phases.Phase) -> _Phase
   _log_start(data, built, state, mesh)
   # ------------------------------------------------------------------ loop
   train, series = config.train, metrics.read_metrics(workdir)
-  mixed = _mixture(workdir, data, plan, phase, start_step, series)  # None: one corpus.
+  # None: one corpus. A run that starts in a later phase (from a Composer checkpoint's step)
+  # has no hand-over from the phase before.
+  mixed = _mixture(workdir, data, plan, phase, start_step, series, handed_over=restored)
   # The stream rows of each step's batch (a growing batch pads the micro-batches it leaves).
   positions = functools.partial(plan.positions, capacity=train.batch_size,
                                 micro_batches=train.grad_accum_steps)
@@ -160,15 +164,16 @@ def _train_phase(workdir: str, plan: phases.Plan, phase: phases.Phase) -> _Phase
 
 
 def _mixture(workdir: str, data: prepared.PreparedData, plan: phases.Plan, phase: phases.Phase,
-             start_step: int,
-             series: dict[str, dict[int, float]]) -> mixture_run.MixtureRun | None:
+             start_step: int, series: dict[str, dict[int, float]],
+             handed_over: bool = True) -> mixture_run.MixtureRun | None:
   """The phase's mixture (None: one corpus). A phase that reads the same rows as the one before
   it continues its streams from the hand-over recorded at their boundary, so that no source's
   stream starts over at a change of shares."""
   if data.num_parts == 1:
     return None
   keywords: dict[str, Any] = {'start_position': int(plan.rows_before(phase.start_step))}
-  if phase.index and fields.same_rows(plan.phases[phase.index - 1].config, phase.config):
+  if (handed_over and phase.index
+      and fields.same_rows(plan.phases[phase.index - 1].config, phase.config)):
     keywords = _recorded_handover(workdir, phase, data.num_parts)
   return mixture_run.MixtureRun(phase.config, data, start_step, series,
                                 position_of=lambda step: int(plan.rows_before(step)), **keywords)
@@ -224,14 +229,18 @@ def _step_figures(plan: phases.Plan, phase: phases.Phase, mixed: mixture_run.Mix
 def evaluate_start(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """The held-out figures of the weights a run would start from, without training.
 
-  `config`: resolved by configuration.resolve. config.init's model (a published checkpoint on a new domain's text: the
-  "before" of continued pretraining), else a fresh initialisation; the
+  `config`: resolved by run_plan.resolve. config.init's model (a published
+  checkpoint on a new domain's text: the "before" of continued pretraining;
+  a Composer checkpoint's weights), else a fresh initialisation; the
   config's data (prepared if needed), masks and eval settings, as `train`
   evaluates. Prints the eval line on process 0.
   """
   data, masker, mesh, built = _build(config)
   state = built.init_state()
-  if config.init.hf_dir or config.init.workdir:
+  if config.init.composer:
+    state = composer_init.initial_state(state, composer_init.read(config.init.composer),
+                                        built.model_cfg)
+  elif config.init.hf_dir or config.init.workdir:
     state = init_from.initial_state(state, config, built.model_cfg, data.added_tokens())
   result = heldout.evaluate(built.eval_step, state, data, masker, config.eval,
                                  config.sentence_pair.task, mesh)
@@ -269,20 +278,39 @@ def _prepared_data(config: ml_collections.ConfigDict) -> prepared.PreparedData:
   return data if data is not None else prepared.load_prepared(*fields.data_request(config))
 
 
+def _first_step(config: ml_collections.ConfigDict, workdir: str) -> int:
+  """The step the run goes on from: its latest checkpoint's, else a Composer checkpoint's
+  (config.init.composer, read once per process), else 0."""
+  latest = checkpoint.latest_step(workdir_lib.checkpoint_dir(workdir))
+  if latest or not config.init.composer:
+    return latest
+  return composer_init.read(config.init.composer).step
+
+
 def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
-            config: ml_collections.ConfigDict, data: prepared.PreparedData) -> tuple[Any, int]:
-  """(state, step): this workdir's latest checkpoint, else config.init's weights, else fresh."""
+            config: ml_collections.ConfigDict, data: prepared.PreparedData, plan: phases.Plan,
+            phase: phases.Phase) -> tuple[Any, int, bool]:
+  """(state, step, restored): this workdir's latest checkpoint, else config.init's weights
+  (a Composer checkpoint's with its optimizer and step: the run goes on from there), else
+  fresh."""
   start = time.perf_counter()
   state = built.init_state()  # Initialised under jit straight into its sharding.
   logging.info('Train state initialised in %.1fs', time.perf_counter() - start)
   # The newest checkpoint that reads; any newer that does not is set aside.
   state, start_step = checkpointer.restore_latest(state, fields.shape_record(built.model_cfg))
-  if start_step:
+  restored = bool(start_step)
+  if restored:
     logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
+  elif config.init.composer:
+    # The optimizer's schedule counts from its last fresh start (build.py); the metrics' from 0.
+    state, start_step = composer_init.continue_run(
+        state, config.init.composer, built.model_cfg,
+        schedule_offset=phases.learning_rate_offset(plan, phase),
+        schedule=optimizer.run_schedule(plan.phases), train=config.train)
   elif config.init.hf_dir or config.init.workdir:
     state = init_from.initial_state(state, config, built.model_cfg, data.added_tokens())
     state = state_lib.ema_from_params(state)  # The average starts at the loaded weights.
-  return state, start_step
+  return state, start_step, restored
 
 
 def _log_start(data: prepared.PreparedData, built: build_lib.Built, state: Any, mesh) -> None:
