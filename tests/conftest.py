@@ -150,7 +150,7 @@ def pytest_configure(config) -> None:
 # module that takes more than a minute of one worker belongs in this list.
 LONGEST_MODULES = (
     'test_preflight.py', 'test_multiprocess.py', 'test_evaluate.py', 'test_finetune.py',
-    'test_embed.py', 'test_model_and_step.py',
+    'test_embed.py', 'test_model_and_step.py', 'test_composer.py',
     'test_recipes.py', 'test_preemption.py', 'test_continue.py', 'test_bench.py',
     'test_attention.py', 'test_flash_attention.py', 'test_fsdp.py', 'test_train.py',
     'test_model_options.py',
