@@ -228,6 +228,13 @@ def _model() -> ml_collections.ConfigDict:
   # kernels (cuDNN on GPUs, splash attention on TPUs), and held-out
   # [MASK]-slot accuracy did not suffer at equal steps (docs/training.md).
   model.attention_dropout_rate = 0.0
+  # Dropout on the attention block's output projection alone, in both
+  # encoders, on top of the dropouts above (FlexBERT's attn_out_dropout_prob:
+  # 0.1 in ModernBERT's, Ettin's and mmBERT's training yamls). It acts after
+  # the attention kernel, so every fused kernel still serves. Not exported:
+  # Hugging Face's ModernBERT has one attention_dropout for the probabilities
+  # and the output, and BERT's hidden_dropout_prob is dropout_rate above.
+  model.attention_output_dropout_rate = 0.0
   # Std of the truncated-normal initialiser.
   model.initializer_range = 0.02
   # LayerNorm epsilon (1e-12 as in BERT; ModernBERT's is 1e-5).

@@ -144,6 +144,8 @@ TABLE: dict[str, dict[str, Field]] = {
         'type_vocab_size': _f(SHAPE),
         'dropout_rate': _f(RECIPE, checkpoint=SUGGESTS),
         'attention_dropout_rate': _f(RECIPE, checkpoint=SUGGESTS),
+        # No checkpoint format holds it; runs saved before it had none.
+        'attention_output_dropout_rate': _f(RECIPE, 0.0),
         'initializer_range': _f(RECIPE, checkpoint=SUGGESTS),
         'layer_norm_eps': _f(ARCHITECTURE),
         'dtype': _f(RECIPE),

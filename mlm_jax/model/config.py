@@ -68,6 +68,10 @@ class ModelConfig:
   # document; positions restart at each document's first token.
   document_mask: bool
   restart_positions: bool
+  # Dropout on the attention block's output projection alone (FlexBERT's
+  # attn_out_dropout_prob); a section without it (a Hugging Face checkpoint's
+  # fields, which have no such rate) gets 0.
+  attention_output_dropout_rate: float = 0.0
   # Set by the trainer, not config.model.
   dtype: Any = jnp.float32   # Compute dtype; parameters are always float32.
   sentence_pair_head: bool = False  # Pooler + 2-way classifier on [CLS] (NSP/SOP).
@@ -94,7 +98,10 @@ class ModelConfig:
     """
     fields = {f.name for f in dataclasses.fields(cls)} - {
         'vocab_size', 'padded_vocab_size', 'dtype', 'sentence_pair_head', 'platform'}
-    given = {k: model[k] for k in fields if k not in overrides}
+    optional = {f.name: f.default for f in dataclasses.fields(cls)
+                if f.name in fields and f.default is not dataclasses.MISSING}
+    given = {k: model.get(k, optional[k]) if k in optional else model[k]
+             for k in fields if k not in overrides}
     if 'attention' in given:   # A run saved before the kernels were renamed.
       given['attention'] = current_attention_name(given['attention'])
     return cls(vocab_size=vocab_size, padded_vocab_size=padded_vocab_size, dtype=dtype,
@@ -136,7 +143,7 @@ def check_config(model: ml_collections.ConfigDict) -> None:
   require(model.type_vocab_size >= 1 or (model.type_vocab_size == 0 and model.variant == 'bert'),
           f'config.model.type_vocab_size={model.type_vocab_size}: must be at least 1, or 0 (no '
           "token types, DistilBERT's layout) with variant='bert'.")
-  for name in ('dropout_rate', 'attention_dropout_rate'):
+  for name in ('dropout_rate', 'attention_dropout_rate', 'attention_output_dropout_rate'):
     require(0.0 <= model[name] < 1.0, f'config.model.{name}={model[name]} must be in [0, 1).')
   one_of('model', 'dtype', model.dtype, DTYPES)
   require(model.attention not in RENAMED_ATTENTIONS,

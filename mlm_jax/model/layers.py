@@ -87,6 +87,8 @@ class SelfAttention(nn.Module):
     q, k, v = (batch_split(proj(name)(inputs))                          # [B, Q or T, N, H]
                for name, inputs in (('query', x), ('key', context), ('value', context)))
     out = attention.attend(cfg, q, k, v, mask, deterministic, rows, ops.dropout)
-    return ops.dense_general(cfg.hidden_size, axis=(-2, -1), dtype=cfg.dtype,
-                             kernel_init=dense_init(cfg, (HEADS, KV, EMBED)),
-                             bias_init=zeros((EMBED,)), name='out')(out)
+    out = ops.dense_general(cfg.hidden_size, axis=(-2, -1), dtype=cfg.dtype,
+                            kernel_init=dense_init(cfg, (HEADS, KV, EMBED)),
+                            bias_init=zeros((EMBED,)), name='out')(out)
+    # The block's dropout_rate follows; this one is the attention output's alone.
+    return ops.dropout(cfg.attention_output_dropout_rate)(out, deterministic=deterministic)

@@ -19,10 +19,12 @@ What differs from bert.py, layer by layer, all as Hugging Face computes it:
 GELU is the exact (erf) one and LayerNorm's epsilon is config.model.layer_norm_eps
 (ModernBERT: 1e-5). Dropout sits where Hugging Face has it: dropout_rate after
 the embeddings' LayerNorm and on GELU(input)·gate; attention_dropout_rate on
-the attention probabilities and the attention output. Kernels start from a
-truncated normal of std initializer_range, divided by sqrt(2L) for those that
-write to the residual stream (attention out, Wo) and the head's dense layer,
-as ModernBERT initialises them (truncated at 2 std in both).
+the attention probabilities and the attention output; then, where Hugging
+Face has none, attention_output_dropout_rate on the attention output alone
+(FlexBERT's attn_out_dropout_prob). Kernels start from a truncated normal of
+std initializer_range, divided by sqrt(2L) for those that write to the
+residual stream (attention out, Wo) and the head's dense layer, as ModernBERT
+initialises them (truncated at 2 std in both).
 
 The model takes the same batches and gives the same outputs as
 bert.BertForMLM (segment_ids are ignored), so the train step, evaluation and
@@ -139,7 +141,8 @@ class ModernAttention(nn.Module):
     out = ops.dense_general(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
                             kernel_init=dense_init(cfg, (HEADS, KV, EMBED), out_std(cfg)),
                             name='out')(out)
-    return ops.dropout(cfg.attention_dropout_rate)(out, deterministic=deterministic)
+    out = ops.dropout(cfg.attention_dropout_rate)(out, deterministic=deterministic)
+    return ops.dropout(cfg.attention_output_dropout_rate)(out, deterministic=deterministic)
 
 
 class GeGLU(nn.Module):
