@@ -277,7 +277,7 @@ def _strip_draw(source: Mapping[str, Any], draw_fields: tuple[str, ...]) -> dict
 
 # A mixture member's fields that say how it is drawn and reported (data/mixture.py reads them):
 # the member's rows do not depend on them.
-MEMBER_DRAW_FIELDS = ('weight', 'max_epochs', 'name')
+MEMBER_DRAW_FIELDS = ('weight', 'max_epochs', 'name', 'tokens')
 
 
 def rows_key(data: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -30,7 +30,12 @@ The weights are the members' 'weight's as given (config.data.temperature None),
 or with a sampling temperature tau > 0 the shares p_k ∝ w_k n_k^(1/tau), n_k
 the member's train tokens as prepare counted them (stats.json) and w_k its
 'weight' (default 1), a prior multiplier: tau=1 draws in proportion to size,
-tau -> inf evenly, tau < 1 favours the large members.
+tau -> inf evenly, tau < 1 favours the large members. A member whose files are
+a sample of a larger corpus gives that corpus's size as 'tokens': n_k is then
+that count, not its files' (`temperature_tokens`), so that the temperature
+acts on the sizes it was meant for. Files that are already a mixture drawn at
+some temperature (a published phase's data) want no second temperature: give
+their shares as weights instead.
 
 A mixture may continue another one from a stream position on (a later
 training phase with other shares): Mixture(..., start_position=P,
@@ -58,7 +63,7 @@ from mlm_jax.errors import require
 CORPUS_FIELDS = ('corpus', 'tfds_name', 'tfds_data_dir', 'split', 'text_key', 'ids_key',
                  'document_split')
 # Fields of a member that say how it is drawn and reported.
-DRAW_FIELDS = ('weight', 'max_epochs', 'name')
+DRAW_FIELDS = ('weight', 'max_epochs', 'name', 'tokens')
 _NAME = re.compile(r'^[A-Za-z0-9_.-]+$')
 # Shares are fractions of 2**_BITS: exact integer arithmetic for positions below 2**40.
 _BITS = 22
@@ -69,11 +74,13 @@ _END = 1 << 41
 
 @dataclasses.dataclass(frozen=True)
 class Member:
-  """One corpus of a mixture: its name, weight, epoch cap (0: none) and config.data section."""
+  """One corpus of a mixture: its name, weight, epoch cap (0: none), config.data section and
+  the size the temperature sees (0: its train tokens as prepared)."""
   name: str
   weight: float
   max_epochs: float
   data: ml_collections.ConfigDict
+  tokens: int = 0
 
 
 def members(data: ml_collections.ConfigDict) -> list[Member]:
@@ -91,7 +98,7 @@ def members(data: ml_collections.ConfigDict) -> list[Member]:
     if 'tfds_name' in entry and 'corpus' not in entry:
       section.corpus = ''
     out.append(Member(str(entry.get('name') or f'source{k}'), float(entry.get('weight', 1.0)),
-                      float(entry.get('max_epochs', 0)), section))
+                      float(entry.get('max_epochs', 0)), section, int(entry.get('tokens', 0))))
   return out
 
 
@@ -138,6 +145,14 @@ def check_config(data: ml_collections.ConfigDict) -> None:
     require(isinstance(cap, (int, float)) and not isinstance(cap, bool)
             and math.isfinite(cap) and cap >= 0,
             f'{field}.max_epochs={cap!r} must be a number >= 0 (0: no cap).')
+    tokens = entry.get('tokens', None)
+    require(tokens is None or (isinstance(tokens, int) and not isinstance(tokens, bool)
+                               and tokens > 0),
+            f'{field}.tokens={tokens!r} must be a whole number of tokens > 0 (the size of the '
+            'corpus its files sample, which the temperature sees instead of theirs).')
+    require(tokens is None or temperature,
+            f'{field}.tokens is the size config.data.temperature sees, which is unset: set a '
+            "temperature > 0, or give the source's share as its 'weight' instead.")
     require(not (entry.get('corpus') and entry.get('tfds_name')),
             f'{field} sets both corpus and tfds_name; set one of them.')
     name = str(entry.get('name') or f'source{k}')
@@ -146,6 +161,12 @@ def check_config(data: ml_collections.ConfigDict) -> None:
             "source's figures in the log).")
     require(name not in names, f'{field}.name={name!r} names two sources; give each its own.')
     names.append(name)
+
+
+def temperature_tokens(sources: Sequence[Member], measured: Sequence[int]) -> list[int]:
+  """[K] the n_k of p_k ∝ w_k n_k^(1/tau): a member's given 'tokens', else its `measured` train
+  tokens (as prepare counted them)."""
+  return [m.tokens or int(n) for m, n in zip(sources, measured, strict=True)]
 
 
 def draw_weights(weights: Sequence[float], tokens: Sequence[int],

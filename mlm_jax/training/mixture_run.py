@@ -13,7 +13,8 @@ once at the start, and reports at every log step:
 The shares are the sources' weights, or with config.data.temperature tau > 0
 p_k ∝ w_k n_k^(1/tau), n_k the source's train tokens as prepare counted them
 (stats.json: parts[k].train.tokens, the documents' tokens before packing,
-without [CLS], [SEP] or padding).
+without [CLS], [SEP] or padding), or the source's 'tokens' where it gives them
+(mixture.temperature_tokens).
 
 Epochs and shares are closed forms of the stream position. Tokens are counted
 over each log interval's rows (every row is T real tokens but a source's
@@ -74,7 +75,7 @@ class MixtureRun:
     sources = [data.source('train', k) for k in range(len(members))]
     rows = [len(s) for s in sources]
     weights = [m.weight for m in members]
-    tokens = train_tokens(data)
+    tokens = mixture.temperature_tokens(members, train_tokens(data))
     temperature = float(config.data.get('temperature') or 0.0)
     self.shares = mixture.shares(weights, tokens, temperature)
     self.mix = mixture.Mixture(mixture.draw_weights(weights, tokens, temperature), rows,
