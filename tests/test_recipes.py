@@ -1,9 +1,11 @@
 """configs/recipes/: every recipe validates on 1 and 4 devices, its published phases are the ones
-docs/recipes.md states, and the tiny ModernBERT recipe covers what the CPU run must show
-(lengths, masking rates and a batch that change); the smoke variants train through every
-phase."""
+docs/recipes.md states, its batch and learning-rate warm-ups are the published trainer's
+(replayed from the yamls' figures), the FlexBERT recipes keep documents apart, and the tiny
+ModernBERT recipe covers what the CPU run must show (lengths, masking rates and a batch that
+change); the smoke variants train through every phase."""
 
 import importlib
+import math
 import re
 
 import numpy as np
@@ -11,18 +13,31 @@ import pytest
 
 from configs import bert_tiny
 from configs import tiny
+from configs.recipes import ettin
+from configs.recipes import mmbert_languages
 from mlm_jax.config import checks
 from mlm_jax.config import phases
+from mlm_jax.data import mixture
 from tests.conftest import REPO
 
 RECIPES = ('bert', 'roberta', 'modernbert', 'ettin', 'mmbert')
 # The recipes whose tiny variant has configs/tiny.py's model; the others bert_tiny.py's.
 MODERN = ('modernbert', 'ettin', 'mmbert')
 SHAPE_FIELDS = ('variant', 'num_layers', 'hidden_size', 'num_heads', 'intermediate_size')
+# Every published variant, as docs/recipes.md's table names it (FILE.py or FILE.py:ARG).
+PUBLISHED = ('bert.py', 'roberta.py', 'modernbert.py', 'modernbert.py:large', 'mmbert.py',
+             'mmbert.py:small') + tuple(f'ettin.py:{size}' for size in ettin.SIZES)
+FLEXBERT = tuple(p for p in PUBLISHED if p.split('.')[0] in MODERN)
 
 
 def _config(name: str, arg: str = ''):
   return importlib.import_module(f'configs.recipes.{name}').get_config(arg)
+
+
+def _published(variant: str):
+  """A published variant by its docs name, 'ettin.py:400m'."""
+  name, _, arg = variant.partition(':')
+  return _config(name.removesuffix('.py'), arg)
 
 
 @pytest.mark.parametrize('num_devices', [1, 4])
@@ -32,15 +47,59 @@ def test_every_variant_validates_on_one_h100_and_a_v5p_8(name, arg, num_devices)
   checks.validate(_config(name, arg), num_devices, check_paths=False)
 
 
-def test_mmbert_takes_its_data_root_as_an_argument():
-  config = _config('mmbert', 'data=/mnt/mm')
+@pytest.mark.parametrize('variant', [p for p in PUBLISHED if ':' in p])
+def test_every_published_size_loads_and_validates(variant):
+  config = _published(variant)
+  for num_devices in (1, 4):
+    checks.validate(config, num_devices, check_paths=False)
+
+
+def test_the_ettin_sizes_have_their_published_shapes():
+  """pretraining/README.md's table of Ettin's sizes: layers, width, GeGLU width, heads."""
+  table = {'17m': (7, 256, 384, 4), '32m': (10, 384, 576, 6), '68m': (19, 512, 768, 8),
+           '150m': (22, 768, 1152, 12), '400m': (28, 1024, 2624, 16),
+           '1b': (28, 1792, 3840, 28)}
+  assert set(table) == set(ettin.SIZES)
+  for size, shape in table.items():
+    m = _config('ettin', size).model
+    assert (m.num_layers, m.hidden_size, m.intermediate_size, m.num_heads) == shape, size
+  assert _config('ettin').to_dict() == _config('ettin', '150m').to_dict()
+
+
+@pytest.mark.parametrize('variant', FLEXBERT)
+def test_flexbert_recipes_keep_documents_apart_and_drop_the_attention_output(variant):
+  """padding: unpadded runs attention per cu_seqlens sequence, with rotary positions from 0 in
+  each (ModernBERT and mmBERT pack documents so; Ettin's rows are single documents);
+  attn_out_dropout_prob: 0.1. Every phase keeps both."""
+  for phase in phases.Plan(_published(variant)).phases:
+    m = phase.config.model
+    assert m.document_mask and m.restart_positions, phase.name
+    assert m.attention_output_dropout_rate == 0.1
+    assert m.dropout_rate == m.attention_dropout_rate == 0.0
+
+
+@pytest.mark.parametrize('size', ['', 'small'])
+def test_mmbert_draws_each_language_at_its_share_of_the_published_phase_data(size):
+  config = _config('mmbert', ','.join(filter(None, [size, 'data=/mnt/mm'])))
   checks.validate(config, 4, check_paths=False)
   assert config.data.sources[0]['corpus'].startswith('/mnt/mm/pretrain/')
   plan = phases.Plan(config)
-  # More languages each phase, drawn flatter (mmBERT's exponents 0.7, 0.5, 0.3 as 1/tau).
   assert [len(p.config.data.sources) for p in plan.phases] == [61, 110, 110]
-  np.testing.assert_allclose([p.config.data.temperature for p in plan.phases],
-                             [1 / 0.7, 2.0, 1 / 0.3])
+  # statistics/language_counts.csv counts the phases' data (its columns sum to them), which
+  # mmBERT sampled at its exponents already: drawn in proportion, with no second temperature.
+  for phase, column, total in zip(plan.phases, mmbert_languages.PHASES, (1.989e12, 6.008e11,
+                                                                          1.044e11)):
+    sources = phase.config.data.sources
+    assert phase.config.data.temperature is None
+    counts = mmbert_languages.COUNTS[column]
+    assert sum(counts.values()) == pytest.approx(total, rel=1e-3)
+    shares = mixture.shares([s['weight'] for s in sources], [1] * len(sources), 0.0)
+    expected = np.array([counts[s['name']] for s in sources], float)
+    np.testing.assert_allclose(shares, expected / expected.sum())
+  # English holds 34.5% of the pretraining data and Xhosa 0.0095%.
+  first = {s['name']: s['weight'] for s in plan.phases[0].config.data.sources}
+  assert first['eng'] / sum(first.values()) == pytest.approx(0.3451, abs=1e-4)
+  assert first['xho'] / sum(first.values()) == pytest.approx(9.5e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize('name', RECIPES)
@@ -64,10 +123,16 @@ def _integer(text: str) -> int:
   return int(text.replace(',', ''))
 
 
-def _documented() -> dict[str, dict[str, list[str]]]:
-  """docs/recipes.md's table of the published recipes: recipe -> column -> a cell per phase."""
+def _rows(heading: str) -> list[tuple[str, str]]:
+  """(variant, the rest of its row) of each table row of docs/recipes.md's `heading` section."""
   text = (REPO / 'docs' / 'recipes.md').read_text()
-  rows = re.findall(r'^\| `(\w+)\.py` \|(.*)\|$', text, re.M)
+  section = text.split(f'\n## {heading}\n', 1)[1].split('\n## ', 1)[0]
+  return re.findall(r'^\| `(\w+\.py(?::\w+)?)` \|(.*)\|$', section, re.M)
+
+
+def _documented() -> dict[str, dict[str, list[str]]]:
+  """docs/recipes.md's table of the published recipes: variant -> column -> a cell per phase."""
+  rows = _rows('The published recipes')
   columns = ('phases', 'tokens', 'T', 'masking', 'schedule', 'batch', 'optimizer')
   table = {}
   for name, rest in rows:
@@ -77,14 +142,14 @@ def _documented() -> dict[str, dict[str, list[str]]]:
   return table
 
 
-def test_the_docs_table_has_a_row_per_recipe():
-  assert sorted(_documented()) == sorted(RECIPES)
+def test_the_docs_table_has_a_row_per_published_variant():
+  assert sorted(_documented()) == sorted(PUBLISHED)
 
 
-@pytest.mark.parametrize('name', RECIPES)
+@pytest.mark.parametrize('name', PUBLISHED)
 def test_the_published_phases_are_the_ones_docs_recipes_md_states(name):
   row = _documented()[name]
-  plan = phases.Plan(_config(name))
+  plan = phases.Plan(_published(name))
   described = plan.describe()
   assert [p['phase'] for p in described] == row['phases']
   for phase, tokens, t, rate, batch in zip(described, row['tokens'], row['T'], row['masking'],
@@ -106,13 +171,93 @@ def test_the_published_phases_are_the_ones_docs_recipes_md_states(name):
     assert plan.batch_size(0) == train.batch_warmup_start
 
 
-@pytest.mark.parametrize('name', ['modernbert', 'ettin', 'mmbert'])
-def test_the_learning_rate_warms_up_over_the_first_3b_tokens(name):
-  """The yamls give the warm-up in tokens (t_warmup: 3_000_000_000tok) while the batch grows."""
-  config = _config(name)
+# ------------------------------------------------- warm-ups against the published trainer
+
+# Each FlexBERT variant's warm-ups as its yaml gives them: device_train_microbatch_size and
+# batch_size_warmup_min_size (rows per GPU; 0: no batch warm-up), the GPUs the run had,
+# global_train_batch_size, batch_size_warmup_tokens and t_warmup (tokens).
+YAMLS = {
+    'modernbert.py': dict(micro=96, gpus=8, batch=4608, ramp=50e9, lr=3e9),
+    'modernbert.py:large': dict(micro=56, gpus=8, batch=4928, ramp=10e9, lr=2e9),
+    'mmbert.py': dict(micro=48, gpus=8, batch=4608, ramp=60e9, lr=3e9),
+    'mmbert.py:small': dict(micro=48, gpus=8, batch=4608, ramp=100e9, lr=4e9),
+    # sequence_packing: false: bert24's loader never warms the batch up.
+    **{f'ettin.py:{size}': dict(micro=0, gpus=4, batch=4608, ramp=0, lr=s['warmup'])
+       for size, s in ettin.SIZES.items()},
+}
+
+
+def flexbert_warmups(micro: int, gpus: int, batch: int, ramp: float, lr: float,
+                     seq_len: int = 1024) -> dict[str, int]:
+  """The published run's first global batch, the steps its batch warm-up takes and the steps
+  until t_warmup tokens: AnswerDotAI/ModernBERT src/sequence_packer.py's
+  BatchSizeWarmupScheduler replayed on each GPU (sizes counted in its micro-batches, from 1 to
+  the full batch, each held for as many steps; its token count is the GPU's own), full rows."""
+  full = batch // gpus // max(micro, 1)
+  if not micro or not ramp:
+    return {'start': batch, 'ramp_steps': 0, 'lr_steps': math.ceil(lr / (batch * seq_len))}
+  per_gpu = math.ceil(ramp / gpus)
+  per_unit = per_gpu / sum(range(1, full))
+  thresholds = np.ceil(per_unit * np.cumsum(np.arange(1, full)))
+  tokens = steps = 0
+  lr_steps = None
+  while True:
+    size = 1 + int(np.searchsorted(thresholds, tokens, side='right')) if tokens < per_gpu else full
+    if lr_steps is None and tokens * gpus >= lr:
+      lr_steps = steps
+    if size == full:
+      break
+    tokens, steps = tokens + size * micro * seq_len, steps + 1
+  ramp_steps = steps
+  if lr_steps is None:
+    lr_steps = steps + math.ceil((lr - tokens * gpus) / (batch * seq_len))
+  return {'start': micro * gpus, 'ramp_steps': ramp_steps, 'lr_steps': lr_steps}
+
+
+def _ours(config) -> dict[str, int]:
+  """Our first global batch, batch warm-up steps and learning-rate warm-up steps."""
   plan = phases.Plan(config)
-  steps = config.train.warmup_steps
-  assert plan.tokens_before(steps - 1) < 3e9 <= plan.tokens_before(steps)
+  full = plan.phases[0].config.train.batch_size
+  steps = np.arange(plan.phases[0].end_step)
+  ramp = int(np.argmax(plan.batch_size(steps) == full))
+  return {'start': int(plan.batch_size(0)), 'ramp_steps': ramp,
+          'lr_steps': config.train.warmup_steps}
+
+
+def _documented_warmups() -> dict[str, list[str]]:
+  """docs/recipes.md's warm-up table: variant -> its cells."""
+  return {name: [c.strip() for c in cells.split('|')] for name, cells in _rows('Warm-ups')}
+
+
+def test_the_published_trainer_replays_modernberts_warm_ups():
+  """ModernBERT-base on 8 GPUs: 1 to 5 micro-batches of 96 rows per GPU, then 6 (4,608 rows);
+  each GPU's 6.25B warm-up tokens give each size 4,238-4,239 steps, 21,194 in all, and 3B
+  tokens fall in the first size's, at step 3,815 (768 rows of 1,024 a step)."""
+  assert flexbert_warmups(**YAMLS['modernbert.py']) == {'start': 768, 'ramp_steps': 21194,
+                                                         'lr_steps': 3815}
+
+
+@pytest.mark.parametrize('variant', FLEXBERT)
+def test_batch_and_learning_rate_warm_ups_are_the_published_ones(variant):
+  """The first batch is the yaml's per-GPU rows times its GPUs, the last the full batch, the
+  warm-up the yaml's tokens, and the learning rate peaks at its t_warmup tokens; docs/recipes.md
+  states the steps each takes, in the published trainer and here (whose batch grows linearly
+  in tokens, not by equal steps per size)."""
+  yaml, config = YAMLS[variant], _published(variant)
+  published, ours = flexbert_warmups(**yaml), _ours(config)
+  assert ours['start'] == published['start']
+  train = config.train
+  assert train.batch_warmup_tokens == yaml['ramp'] and train.batch_size == yaml['batch']
+  plan = phases.Plan(config)
+  if yaml['ramp']:  # The ramp ends within a step of its tokens.
+    assert yaml['ramp'] - 1024 * yaml['batch'] < plan.tokens_before(ours['ramp_steps']) \
+        <= yaml['ramp'] + 1024 * yaml['batch']
+  steps = train.warmup_steps
+  assert plan.tokens_before(steps - 1) < yaml['lr'] <= plan.tokens_before(steps)
+  row = _documented_warmups()[variant]
+  stated = [_integer(x) for x in re.findall(r'[\d,]+', row[-2]) + re.findall(r'[\d,]+', row[-1])]
+  assert stated == [published['ramp_steps'], published['lr_steps'], ours['ramp_steps'],
+                    ours['lr_steps']], row
 
 
 # ---------------------------------------------------------------- tiny and smoke
