@@ -75,22 +75,9 @@ def resolve(name: str, flag: str, patterns: tuple[str, ...] = ALLOW_PATTERNS) ->
   repo_id, revision = match.group('repo'), match.group('revision')
   huggingface_hub, errors = _hub_library(flag, name, 'a hub id', 'a local directory')
   command = f'hf download {repo_id}' + (f' --revision {revision}' if revision else '')
-  try:
-    local_dir = huggingface_hub.snapshot_download(repo_id, revision=revision,
-                                                  allow_patterns=list(patterns))
-  except errors.LocalEntryNotFoundError as e:
-    raise ValueError(f'{flag}={name!r}: no such local directory, and as a hub id it is not in '
-                     f'the Hugging Face cache ({huggingface_hub.constants.HF_HUB_CACHE}) while the '
-                     f'hub cannot be reached (HF_HUB_OFFLINE or no network): download it with '
-                     f'`{command}` (same HF_HOME), or give a local directory.') from e
-  except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError) as e:
-    raise ValueError(f'{flag}={name!r}: no such model or revision on the hub '
-                     f'({type(e).__name__}); check the id, or log in with `hf auth login` for '
-                     'a gated or private model.') from e
-  except errors.HfHubHTTPError as e:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise ValueError(f'{flag}={name!r}: the hub refused the download ({first}); try '
-                     f'`{command}`.') from e
+  local_dir = _download(lambda: huggingface_hub.snapshot_download(
+      repo_id, revision=revision, allow_patterns=list(patterns)), flag, name, command,
+      'directory', errors, huggingface_hub)
   return Resolved(local_dir, repo_id, os.path.basename(os.path.normpath(local_dir)))
 
 
@@ -103,6 +90,30 @@ def _hub_library(flag: str, name: str, what: str, instead: str):
     raise ValueError(f"{flag}={name!r} is {what}, which needs huggingface_hub: pip install -e "
                      f"'.[interop]' (or give {instead}).") from e
   return huggingface_hub, errors
+
+
+def _download(fetch, flag: str, name: str, command: str, kind: str, errors, huggingface_hub):
+  """fetch() (a huggingface_hub download), its hub errors as one ValueError line naming `flag`,
+  `name` (a hub id of a `kind`, 'directory' or 'file') and the download `command`. Errors it
+  does not name (a missing file in a repository) pass through."""
+  try:
+    return fetch()
+  except errors.LocalEntryNotFoundError as e:
+    as_hub = 'a hub id' if kind == 'directory' else 'a hub file'
+    raise ValueError(f'{flag}={name!r}: no such local {kind}, and as {as_hub} it is not in the '
+                     f'Hugging Face cache ({huggingface_hub.constants.HF_HUB_CACHE}) '
+                     f'while the hub cannot be reached (HF_HUB_OFFLINE or no network): download it '
+                     f'with `{command}` (same HF_HOME), or give a local {kind}.') from e
+  except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError) as e:
+    raise ValueError(f'{flag}={name!r}: no such model or revision on the hub '
+                     f'({type(e).__name__}); check the id, or log in with `hf auth login` for '
+                     'a gated or private model.') from e
+  except errors.EntryNotFoundError:
+    raise
+  except errors.HfHubHTTPError as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ValueError(f'{flag}={name!r}: the hub refused the download ({first}); try '
+                     f'`{command}`.') from e
 
 
 def is_hub_file(name: str) -> bool:
@@ -131,24 +142,13 @@ def resolve_file(name: str, flag: str) -> ResolvedFile:
   huggingface_hub, errors = _hub_library(flag, name, 'a hub file', 'a local file')
   command = f'hf download {repo_id} {filename}' + (f' --revision {revision}' if revision else '')
   try:
-    local_path = huggingface_hub.hf_hub_download(repo_id, filename, revision=revision)
-  except errors.LocalEntryNotFoundError as e:
-    raise ValueError(f'{flag}={name!r}: no such local file, and as a hub file it is not in the '
-                     f'Hugging Face cache ({huggingface_hub.constants.HF_HUB_CACHE}) while the hub '
-                     f'cannot be reached (HF_HUB_OFFLINE or no network): download it with '
-                     f'`{command}` (same HF_HOME), or give a local file.') from e
-  except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError) as e:
-    raise ValueError(f'{flag}={name!r}: no such model or revision on the hub '
-                     f'({type(e).__name__}); check the id, or log in with `hf auth login` for '
-                     'a gated or private model.') from e
+    local_path = _download(lambda: huggingface_hub.hf_hub_download(
+        repo_id, filename, revision=revision), flag, name, command, 'file', errors,
+        huggingface_hub)
   except errors.EntryNotFoundError as e:
     raise ValueError(f'{flag}={name!r}: {repo_id} has no file {filename!r}' + (
         f' at {revision}' if revision else '') + '; see its files at '
         f'https://huggingface.co/{repo_id}/tree/{revision or "main"}.') from e
-  except errors.HfHubHTTPError as e:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise ValueError(f'{flag}={name!r}: the hub refused the download ({first}); try '
-                     f'`{command}`.') from e
   # The cache keeps it as .../snapshots/<commit>/<filename>.
   snapshot = local_path[:len(local_path) - len(filename)].rstrip(os.sep)
   return ResolvedFile(local_path, f'{repo_id}@{os.path.basename(snapshot)}/{filename}')
