@@ -170,7 +170,8 @@ def test_modern_at_length_compiles_to_splash_attention_on_a_tpu_slice(tmp_path):
   assert r['attention']['fused_calls'] == {'splash': {'expected': 9, 'compiled': 9}}
   assert 'splash attention at peak' in output and r['estimate']['splash_s'] > 0
   est = r['estimate']
-  assert est['label'].startswith('compiler estimate') and 0.0 < est['mfu'] < 1.0
+  # The tiny model at T=1,024 on a v5p-8: 3.5% here (base on v4-32 was over 5%).
+  assert est['label'].startswith('compiler estimate') and 0.01 < est['mfu'] < 1.0, est['mfu']
   assert 'compiler estimate, not measured' in output
 
 
