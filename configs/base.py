@@ -68,7 +68,8 @@ def _data() -> ml_collections.ConfigDict:
   # dicts, each with a corpus (or tfds_name, and any of text_key, ids_key,
   # document_split, split, tfds_data_dir), a 'weight' > 0 (optional with a
   # temperature below) and optionally
-  # 'max_epochs' (a cap, 0: none) and a 'name' for the reports, e.g.
+  # 'max_epochs' (a cap, 0: none), 'tokens' (the size the temperature sees,
+  # for a sample of a larger corpus) and a 'name' for the reports, e.g.
   # ({'corpus': 'domain/*.jsonl', 'weight': 0.8}, {'corpus': 'web/*.parquet',
   # 'weight': 0.2}). Empty: one corpus (data/mixture.py).
   data.sources = ()
@@ -311,11 +312,12 @@ def _train() -> ml_collections.ConfigDict:
   train.grad_accum_steps = 1
   # Batch warm-up: the global batch grows from batch_warmup_start rows to
   # batch_size over this many tokens (rows x seq_len) from the run's start,
-  # a whole micro-batch at a time (grad_accum_steps of them make the full
-  # batch), so the compiled step stays the same. 0: no warm-up.
+  # a start size at a time, each size for as many steps (as FlexBERT's
+  # packer); a step fills whole micro-batches (grad_accum_steps of them make
+  # the full batch), so the compiled step stays the same. 0: no warm-up.
   train.batch_warmup_tokens = 0
   # The global batch at the start of the warm-up: a multiple of
-  # batch_size / grad_accum_steps.
+  # batch_size / grad_accum_steps that divides batch_size.
   train.batch_warmup_start = 0
   # Split each (micro-)batch into this many parts whose forward/backward
   # passes run side by side in one step (same update): XLA's CPU runtime then

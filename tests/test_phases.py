@@ -151,6 +151,9 @@ def test_bad_phases_are_one_line_naming_the_fix(config, change, message):
     (dict(grad_accum_steps=1), r'set config.train.grad_accum_steps'),
     (dict(batch_warmup_start=5), r'batch_warmup_start=5 must be a multiple of the micro-batch'),
     (dict(batch_warmup_tokens=-1), r'must be >= 0'),
+    # Sizes 12, 24, ...: 16 is none of them; 8 divides it.
+    (dict(grad_accum_steps=4, batch_warmup_start=12),
+     r'batch_size=16 must be a multiple of it \(e.g. batch_warmup_start=8\)'),
 ])
 def test_a_bad_batch_warm_up_is_one_line(config, train, message):
   config.phases = ()

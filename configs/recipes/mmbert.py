@@ -111,7 +111,8 @@ def _published(root: str, small: bool) -> ml_collections.ConfigDict:
       batch_size=4608, micro_batches=96,
       # batch_size_warmup_min_size: 48 per GPU, batch_size_warmup_tokens: 60000000000tok
       # (_PRETRAIN; _SMALL: 100000000000tok): 48 rows x 8 GPUs = 384 at the start (8
-      # micro-batches). Ours grows linearly in tokens, a micro-batch at a time.
+      # micro-batches), growing 384 rows at a time, each size for as many steps, as the
+      # published packer grows each GPU's batch 48 rows at a time.
       batch_warmup_start=common.per_gpu_start(48),
       batch_warmup_tokens=100_000_000_000 if small else 60_000_000_000,
       # device_eval_batch_size: 36 (_PRETRAIN, _SMALL): rows per evaluation step (global

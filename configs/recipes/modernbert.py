@@ -92,10 +92,9 @@ def _published() -> ml_collections.ConfigDict:
       batch_size=4608, micro_batches=96,
       # batch_size_warmup_min_size: 96 (${device_train_microbatch_size}) per GPU and
       # batch_size_warmup_tokens: 50_000_000_000tok (_PRETRAIN): 96 rows x 8 GPUs = 768 rows at
-      # the start (16 of our micro-batches). The shape differs: ModernBERT's packer
-      # (src/sequence_packer.py BatchSizeWarmupScheduler) grows each GPU's batch a micro-batch
-      # of 96 at a time and spends as many steps at each size; ours raises the batch linearly
-      # in tokens, a micro-batch of 48 at a time (docs/recipes.md compares the two in steps).
+      # the start (16 of our micro-batches). As ModernBERT's packer (src/sequence_packer.py
+      # BatchSizeWarmupScheduler) grows each GPU's batch a micro-batch of 96 at a time, ours
+      # grows 768 rows at a time, each size for as many steps (docs/recipes.md: the steps).
       batch_warmup_start=common.per_gpu_start(96), batch_warmup_tokens=50_000_000_000,
       # global_eval_batch_size: 1024 is 8 GPUs x device_eval_batch_size 128 (_PRETRAIN); our
       # evaluation has no micro-batches, so 128 rows per evaluation step (any device count

@@ -20,9 +20,9 @@ schedule over the phase's own steps (optimizer.run_schedule joins them).
 A phase may not change the model's shape (the parameters carry over).
 
 `Plan` is the arithmetic of a run, phases or not: the global batch of every
-step (the batch warm-up, config.train.batch_warmup_*: the batch grows by
-whole micro-batches from a start size to train.batch_size over a number of
-tokens from the run's start), the stream rows before a step, the nominal
+step (the batch warm-up, config.train.batch_warmup_*: the batch grows a
+start size at a time to train.batch_size, each size for as many steps, over
+a number of tokens from the run's start), the stream rows before a step, the nominal
 tokens (rows x T) before it, and the masking rate of every step. A config
 without phases is a plan of one phase whose config is the config itself.
 
@@ -370,28 +370,41 @@ def _check_warmup_fields(train: ml_collections.ConfigDict) -> None:
   require(0 < start < full and start % micro == 0,
           f'config.train.batch_warmup_start={start} must be a multiple of the micro-batch '
           f'(batch_size / grad_accum_steps = {micro}) below batch_size={full}.')
+  require(full % start == 0,
+          f'config.train.batch_warmup_start={start}: the batch grows a start size at a time '
+          f'({start}, {2 * start}, ...), so batch_size={full} must be a multiple of it (e.g. '
+          f'batch_warmup_start={_divisor_near(full, micro, start)}).')
+
+
+def _divisor_near(full: int, micro: int, start: int) -> int:
+  """The multiple of `micro` dividing `full` (below it) nearest `start`: an example in an error."""
+  choices = [m for m in range(micro, full, micro) if full % m == 0] or [micro]
+  return min(choices, key=lambda m: abs(m - start))
 
 
 def _warmup_levels(train: ml_collections.ConfigDict, seq_len: int,
                    full: int) -> list[tuple[int, int]]:
   """(steps, batch) of each batch size of the warm-up, from the run's start.
 
-  The target batch grows linearly in tokens, from batch_warmup_start to the
-  full batch at batch_warmup_tokens; each step takes the largest whole number
-  of micro-batches not above it.
+  As FlexBERT's sequence packer warms its batch up (ModernBERT's src/sequence_packer.py,
+  BatchSizeWarmupScheduler): the batch is start, 2 x start, ... up to below the full batch,
+  each size for the same number of steps. Size k x start ends once the tokens reach
+  ceil(w x (1 + ... + k) / (1 + ... + n-1)), n = batch_size / start, so the sizes together
+  take batch_warmup_tokens w and the full batch starts with the first step after them.
   """
   w, start = train.batch_warmup_tokens, train.batch_warmup_start
   if not w:
     return []
-  micro = full // train.grad_accum_steps
-  levels, tokens = [], 0
-  for j in range(start // micro, train.grad_accum_steps):
-    # Tokens at which the target reaches (j + 1) micro-batches.
-    until = w * ((j + 1) * micro - start) / (full - start)
-    count = max(0, math.ceil((until - tokens) / (j * micro * seq_len)))
+  sizes = range(1, full // start)
+  per_unit = w / sum(sizes)
+  levels, tokens, units = [], 0, 0
+  for k in sizes:
+    units += k
+    until = math.ceil(per_unit * units)
+    count = max(0, math.ceil((until - tokens) / (k * start * seq_len)))
     if count:
-      levels.append((count, j * micro))
-      tokens += count * j * micro * seq_len
+      levels.append((count, k * start))
+      tokens += count * k * start * seq_len
   return levels
 
 
