@@ -7,11 +7,22 @@ import os
 import shutil
 import tempfile
 
+# The tests' programs are tiny and run for milliseconds: LLVM's optimisations of the CPU
+# code they compile to take longer than they save (a fifth of a compile-bound test's time).
+# The HLO, its buffers and the sharding are the same; the executables' arithmetic may differ
+# from an optimised build's in the last bits, and every run of a session compiles alike.
+COMPILE_FLAGS = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
+
+
+def xla_flags(devices: int) -> str:
+  """XLA_FLAGS for a command a test starts with `devices` CPU devices."""
+  return f'--xla_force_host_platform_device_count={devices} {COMPILE_FLAGS}'
+
+
 # A subprocess started by a test (its config file imports this module) keeps
 # the device count the test gave it.
 if '--xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', ''):
-  os.environ['XLA_FLAGS'] = ' '.join(
-      [os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8']).strip()
+  os.environ['XLA_FLAGS'] = ' '.join([os.environ.get('XLA_FLAGS', ''), xla_flags(8)]).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # Every compiled program is worth keeping: most tests and commands compile the same micro
 # model's programs again, and reading one back takes a fraction of compiling it on a CPU.

@@ -98,6 +98,7 @@ def _metrics(workdir: str) -> list[dict]:
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_ema_is_evaluated_checkpointed_and_exported(ema_run, tmp_path):
   from mlm_jax.training import checkpoint
   from mlm_jax.training import workdir as workdir_lib
@@ -135,6 +136,7 @@ def test_ema_is_evaluated_checkpointed_and_exported(ema_run, tmp_path):
       np.array_equal, ema_run_loaded.params, ema)))
 
 
+@pytest.mark.slow
 def test_ema_survives_a_resume_bit_for_bit(ema_run, tmp_path):
   """The state a resumed run starts from holds exactly the average that was saved."""
   from mlm_jax.config import run_plan
@@ -157,6 +159,7 @@ def test_ema_survives_a_resume_bit_for_bit(ema_run, tmp_path):
       lambda a, b: np.array_equal(np.asarray(a), b), state.ema_params, saved)))
 
 
+@pytest.mark.slow
 def test_average_of_two_checkpoints_is_their_mean_and_continues(ema_run, prepared, tmp_path):
   from mlm_jax.training import average
   from mlm_jax.training import checkpoint
@@ -187,6 +190,7 @@ def test_average_of_two_checkpoints_is_their_mean_and_continues(ema_run, prepare
     average.average_checkpoints(workdir, [4, 8], out)
 
 
+@pytest.mark.slow
 def test_runs_of_different_shapes_are_refused(ema_run, tmp_path):
   import shutil
 

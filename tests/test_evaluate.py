@@ -309,12 +309,9 @@ def _evaluate_command(*args: str) -> list[str]:
 
 def _sweep_env() -> dict[str, str]:
   """The environment of a sweep's command: transformers' model is tiny, so torch's threads
-  would only contend with JAX's and pytest's; compiling the cells' programs (one per kind of
-  task) is most of a sweep's time, and these programs are tiny, so XLA's backend compiles them
-  without LLVM's optimisations (the persistent cache then serves every later sweep's)."""
-  return {**os.environ, 'OMP_NUM_THREADS': '1',
-          'XLA_FLAGS': os.environ.get('XLA_FLAGS', '') + ' --xla_backend_optimization_level=0 '
-                       '--xla_llvm_disable_expensive_passes=true'}
+  would only contend with JAX's and pytest's (XLA_FLAGS, conftest's, compile the cells'
+  programs without LLVM's optimisations; the persistent cache serves every later sweep's)."""
+  return {**os.environ, 'OMP_NUM_THREADS': '1'}
 
 
 def _cell_files(out: str) -> list[str]:

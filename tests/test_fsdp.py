@@ -23,6 +23,7 @@ from tests.conftest import REPO
 from tests.conftest import model_config
 from tests.conftest import run_training
 from tests.conftest import write_config_file
+from tests.conftest import xla_flags
 
 
 def _losses(workdir):
@@ -164,7 +165,7 @@ def test_fsdp4_same_losses_as_fsdp1_then_resumes_on_4_devices_with_fsdp2(prepare
         tmp_path / f'{name}.py', config.data.corpus, config.data.data_dir,
         other={'mesh.fsdp': fsdp, 'model.dropout_rate': 0.0, 'model.attention_dropout_rate': 0.0},
         num_steps=6, log_every=1, checkpoint_every=2)
-    env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4',
+    env = dict(os.environ, XLA_FLAGS=xla_flags(4),
                JAX_PLATFORMS='cpu')
     out = subprocess.run([sys.executable, '-m', 'mlm_jax.train', f'--config={config_file}',
                           f'--workdir={tmp_path / name}'], cwd=REPO, env=env,

@@ -14,6 +14,7 @@ from tests.conftest import REPO
 from tests.conftest import micro_config
 from tests.conftest import run_training
 from tests.conftest import write_config_file
+from tests.conftest import xla_flags
 
 NUM_STEPS = 4
 
@@ -27,7 +28,7 @@ def _free_port() -> int:
 def _env(devices_per_process: int) -> dict:
   env = dict(os.environ)
   env.pop('MLM_JAX_TEST_SIGNAL', None)
-  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices_per_process}'
+  env['XLA_FLAGS'] = xla_flags(devices_per_process)
   env['JAX_PLATFORMS'] = 'cpu'
   return env
 
@@ -68,8 +69,13 @@ def test_two_processes_of_four_devices_match_one_of_eight_and_one_device(prepare
                                   num_steps=NUM_STEPS, log_every=1, eval_every=NUM_STEPS,
                                   checkpoint_every=NUM_STEPS, concurrent_chains=1)
   two = _train_losses(config_file, str(tmp_path / 'p2x4'), num_processes=2, devices=4)
-  eight = _train_losses(config_file, str(tmp_path / 'p1x8'), num_processes=1, devices=8)
   one = _train_losses(config_file, str(tmp_path / 'p1x1'), num_processes=1, devices=1)
+  # 1 x 8: this process (tests/conftest.py gives it 8 devices), as the command trains.
+  config = micro_config(config.data.corpus, data.data_dir)
+  config.train.update(num_steps=NUM_STEPS, log_every=1, eval_every=NUM_STEPS,
+                      checkpoint_every=NUM_STEPS, concurrent_chains=1)
+  run_training(config, str(tmp_path / 'p1x8'))
+  eight = _logged_losses(str(tmp_path / 'p1x8'))
   print('losses 2x4:', two, '1x8:', eight, '1x1:', one)
   assert [s for s, _ in two] == [s for s, _ in eight] == [s for s, _ in one] == [1, 2, 3, 4]
   np.testing.assert_allclose([l for _, l in two], [l for _, l in eight], rtol=1e-5)
@@ -131,15 +137,17 @@ def _assert_one_process_trains_the_same(two, config, workdir, steps):
 
 
 @pytest.mark.slow
-def test_continuing_a_published_checkpoint_with_fsdp_across_processes_matches_one(
+def test_continuing_a_published_checkpoint_with_added_words_and_fsdp_across_processes_matches_one(
     corpus_glob, tmp_path):
-  """2 processes x 4 devices, the state split over all 8 (fsdp=8), continue a published BERT:
-  each process places its shards of the checkpoint's tensors (no process can fetch the whole
-  state), and the losses are those of 1 process x 8 devices.
+  """2 processes x 4 devices, the state split over all 8 (fsdp=8), continue a published BERT
+  with 3 words added: each process places its shards of the checkpoint's tensors and of the
+  grown embedding rows (no process can fetch the whole state), and the losses are those of
+  1 process x 8 devices.
 
   The 2 x 4 run names the checkpoint by hub id from an offline cache holding it as
   pytorch_model.bin, the 1 x 8 run reads the directory's model.safetensors: the hub id and the
-  PyTorch file continue too (test_continue checks each alone).
+  PyTorch file continue too (test_continue checks each alone). config.init.workdir's weights
+  are placed by the same code (init_from.place) from host arrays read by every process.
   """
   pytest.importorskip('transformers')
   from tests import published
@@ -148,48 +156,22 @@ def test_continuing_a_published_checkpoint_with_fsdp_across_processes_matches_on
   bert = published.make_bert(str(tmp_path / 'bert'), published.sample_texts(100))
   revision = as_hub_cache(str(tmp_path / 'hf'), 'example-org/bert-mini',
                           as_pytorch_bin(bert, str(tmp_path / 'bin')))
-  steps = 2
-  config_file = write_config_file(
-      tmp_path / 'continue.py', corpus_glob, str(tmp_path / 'data_p2x4'),
-      {'init.hf_dir': 'example-org/bert-mini', 'mesh.fsdp': 8}, num_steps=steps, log_every=1,
-      eval_every=steps, checkpoint_every=steps, concurrent_chains=1)
-  two = _train_losses(config_file, str(tmp_path / 'p2x4'), num_processes=2, devices=4,
-                      env={'HF_HOME': str(tmp_path / 'hf'), 'HF_HUB_OFFLINE': '1'})
-  # 1 x 8: this process (tests/conftest.py gives it 8 devices), as the command trains.
-  config = micro_config(corpus_glob, str(tmp_path / 'data_p1x8'))
-  config.init.hf_dir = bert
-  _assert_one_process_trains_the_same(two, config, str(tmp_path / 'p1x8'), steps)
-  with open(tmp_path / 'p2x4' / 'config.json') as f:
-    assert json.load(f)['init']['hf_dir'] == f'example-org/bert-mini@{revision}'
-
-
-@pytest.mark.slow
-def test_continuing_a_run_with_added_words_with_fsdp_across_processes_matches_one(
-    corpus_glob, tmp_path):
-  """config.init.workdir and config.tokenizer.add_tokens in one launch: 2 processes x 4 devices
-  at fsdp=8 continue an earlier run (its weights, its Hugging Face tokenizer) with 3 words
-  added, whose grown embedding rows are placed shard by shard as the rest, and log the losses
-  of 1 process x 8 devices."""
-  pytest.importorskip('transformers')
-  from tests import published
-  bert = published.make_bert(str(tmp_path / 'bert'), published.sample_texts(100))
-  # The earlier run: the published BERT continued 1 step here (a run with a tokenizer/ dir).
-  earlier = micro_config(corpus_glob, str(tmp_path / 'data_earlier'))
-  earlier.init.hf_dir = bert
-  earlier.train.update(num_steps=1, log_every=1, eval_every=1, checkpoint_every=1)
-  run_training(earlier, str(tmp_path / 'earlier'))
   words = tmp_path / 'words.txt'
   words.write_text('hyperparameterization\nbackpropagation\nxylophonist\n')
   steps, data_dir = 2, str(tmp_path / 'data')   # Prepared by the 2 x 4 run, read by the 1 x 8.
-  overrides = {'init.workdir': str(tmp_path / 'earlier'), 'tokenizer.add_tokens': str(words),
-               'mesh.fsdp': 8}
-  config_file = write_config_file(tmp_path / 'continue.py', corpus_glob, data_dir, overrides,
-                                  num_steps=steps, log_every=1, eval_every=steps,
-                                  checkpoint_every=steps, concurrent_chains=1)
-  two = _train_losses(config_file, str(tmp_path / 'p2x4'), num_processes=2, devices=4)
+  config_file = write_config_file(
+      tmp_path / 'continue.py', corpus_glob, data_dir,
+      {'init.hf_dir': 'example-org/bert-mini', 'tokenizer.add_tokens': str(words),
+       'mesh.fsdp': 8}, num_steps=steps, log_every=1, eval_every=steps,
+      checkpoint_every=steps, concurrent_chains=1)
+  two = _train_losses(config_file, str(tmp_path / 'p2x4'), num_processes=2, devices=4,
+                      env={'HF_HOME': str(tmp_path / 'hf'), 'HF_HUB_OFFLINE': '1'})
+  # 1 x 8: this process (tests/conftest.py gives it 8 devices), as the command trains.
   config = micro_config(corpus_glob, data_dir)
-  config.init.workdir, config.tokenizer.add_tokens = str(tmp_path / 'earlier'), str(words)
+  config.init.hf_dir, config.tokenizer.add_tokens = bert, str(words)
   _assert_one_process_trains_the_same(two, config, str(tmp_path / 'p1x8'), steps)
   with open(tmp_path / 'p2x4' / 'config.json') as f:
-    grown = json.load(f)['resolved']['vocab_size']
-  assert grown >= 400 + 3   # The table (400 rows) grew for the 3 words.
+    recorded = json.load(f)
+  assert recorded['init']['hf_dir'] == f'example-org/bert-mini@{revision}'
+  # The published table's rows and 3 more for the words.
+  assert recorded['resolved']['vocab_size'] >= 400 + 3   # make_bert's table (400 rows).

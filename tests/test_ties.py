@@ -86,6 +86,7 @@ def _branch(source: str, out: str, params) -> str:
   return out
 
 
+@pytest.mark.slow
 def test_average_ties_merges_runs_from_their_base(micro_run, tmp_path):
   from mlm_jax.training import workdir as workdir_lib
   base = workdir_lib.load(micro_run)
