@@ -131,20 +131,28 @@ def modern_micro_run(prepared, corpus_glob, tmp_path_factory) -> str:
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
-_CACHE_DIR_OWNED: str | None = None
+_DIRS_OWNED: list[str] = []
+
+
+def _session_dir(variable: str, prefix: str) -> None:
+  """$variable: the caller's directory if named (used and kept as it is), else one of this
+  session's own, removed at its end; in the environment, so that xdist's workers and the
+  commands the tests start share it."""
+  if not os.environ.get(variable):
+    os.environ[variable] = tempfile.mkdtemp(prefix=prefix)
+    _DIRS_OWNED.append(os.environ[variable])
 
 
 def pytest_configure(config) -> None:
-  """JAX's persistent compilation cache in a directory of this session's own (removed at its
-  end), named in the environment so that the commands the tests start share it.
+  """JAX's persistent compilation cache, and mlm_jax's cache of default data dirs (MLM_JAX_CACHE:
+  the recipes' prepared rows), each in a directory of the session's own: a test run never
+  writes to the user's ~/.cache/mlm_jax, nor reads what an earlier run left there.
 
-  A directory the caller named in JAX_COMPILATION_CACHE_DIR is used and kept as it is. The
-  cache changes no result: an entry is the executable the same program compiles to.
+  Neither cache changes a result: an entry is the executable the same program compiles to, or
+  the rows the same data dir's fingerprint names.
   """
-  global _CACHE_DIR_OWNED
-  if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
-    _CACHE_DIR_OWNED = tempfile.mkdtemp(prefix='mlm_jax_test_jit_cache_')
-    os.environ['JAX_COMPILATION_CACHE_DIR'] = _CACHE_DIR_OWNED
+  _session_dir('JAX_COMPILATION_CACHE_DIR', 'mlm_jax_test_jit_cache_')
+  _session_dir('MLM_JAX_CACHE', 'mlm_jax_test_data_cache_')
   import jax  # Read its flags from the environment when first imported; set them in case not.
   jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
   jax.config.update('jax_persistent_cache_min_compile_time_secs',
@@ -191,8 +199,8 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def pytest_unconfigure(config) -> None:
-  if _CACHE_DIR_OWNED is not None:
-    shutil.rmtree(_CACHE_DIR_OWNED, ignore_errors=True)
+  for directory in _DIRS_OWNED:
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def model_config(vocab_size: int = 300, padded_vocab_size: int = 384, **fields):
