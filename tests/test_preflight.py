@@ -154,8 +154,8 @@ def test_large_compiles_to_cudnn_attention_at_its_shipped_defaults(tmp_path):
 
 
 _LONG = ('--config=configs/tiny.py', '--config.data.seq_len=1024',
-         '--config.model.max_position_embeddings=1024', '--config.train.batch_size=32',
-         '--config.eval.batch_size=32')
+         '--config.model.max_position_embeddings=1024', '--config.train.batch_size=16',
+         '--config.eval.batch_size=16')
 
 
 @pytest.mark.slow
