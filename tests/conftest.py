@@ -161,8 +161,8 @@ def pytest_configure(config) -> None:
                     int(os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES']))
 
 
-# The modules that hold a worker longest, longest first (a full run's --durations on 2 cores:
-# the pre-flight's compiles ~12 min, the multi-process runs ~2 min, then about a minute each).
+# The modules that hold a worker longest, longest first (as a full run's --durations on 2
+# cores orders them: the pre-flight's compiles, the multi-process runs, then the others).
 # xdist hands out whole modules (--dist loadscope) in collection order
 # (--no-loadscope-reorder): the longest start first and the short ones fill in at the end,
 # so that the workers finish together instead of one running a long module alone. A new
