@@ -63,6 +63,7 @@ class Checkpointer:
     self._in_flight: int | None = None    # The step of a save not yet known to be complete.
     self._failed = False
     self._size: int | None = None         # Bytes on disk of the newest complete checkpoint.
+    _register_array_handler()
     self._policy, self._manager = self._make_manager(known_good=None)
     for logger in (logging.get_absl_logger(), std_logging.getLogger('asyncio')):
       logger.addFilter(_ORBAX_SAVE_TRACEBACKS)
@@ -243,6 +244,22 @@ class Checkpointer:
     return CheckpointWriteError(
         f'checkpoint {step} could not be written to {self.directory} ({free} free): '
         f'{_reason(error)}. {keep.capitalize()}; run the same command once the disk is fixed.')
+
+
+def _register_array_handler() -> None:
+  """How the saves of this process write jax.Arrays: replica-parallel only across processes.
+
+  Replica-parallel saving cuts each replicated array into slices that the
+  hosts holding a replica write side by side, so that with many hosts no one
+  host writes the whole state. With one process every slice is written here
+  anyway, and the cutting is a device op per array and replica before each
+  save: this process writes whole arrays from their first replica instead.
+  Across processes Orbax's own default holds (on, except on GPUs). The files
+  are the same either way; a checkpoint reads whichever wrote it.
+  """
+  parallel = None if jax.process_count() > 1 else False   # None: Orbax's default.
+  ocp.type_handlers.register_type_handler(
+      jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=parallel), override=True)
 
 
 def latest_step(directory: str) -> int:
