@@ -38,13 +38,16 @@ def _dense(mask, rows=None):
 
 
 def _assert_same_function(f, ref, qkv, valid, atol=2e-5):
-  """Values at real queries and gradients (of a random projection) of f and ref agree."""
+  """Values at real queries and gradients (of a random projection) of f and ref agree.
+
+  Each compiled whole (jit): run op by op, every primitive would be a compile of its own.
+  """
   g = jnp.asarray(np.random.default_rng(9).normal(size=qkv[0].shape), jnp.float32)
   weight = g * valid[:, :, None, None]
-  np.testing.assert_allclose(np.where(valid[:, :, None, None], f(*qkv), 0),
-                             np.where(valid[:, :, None, None], ref(*qkv), 0), atol=atol)
-  got = jax.grad(lambda *x: jnp.sum(f(*x) * weight), argnums=(0, 1, 2))(*qkv)
-  want = jax.grad(lambda *x: jnp.sum(ref(*x) * weight), argnums=(0, 1, 2))(*qkv)
+  np.testing.assert_allclose(np.where(valid[:, :, None, None], jax.jit(f)(*qkv), 0),
+                             np.where(valid[:, :, None, None], jax.jit(ref)(*qkv), 0), atol=atol)
+  got = jax.jit(jax.grad(lambda *x: jnp.sum(f(*x) * weight), argnums=(0, 1, 2)))(*qkv)
+  want = jax.jit(jax.grad(lambda *x: jnp.sum(ref(*x) * weight), argnums=(0, 1, 2)))(*qkv)
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, atol=atol * 5)
 
@@ -97,7 +100,7 @@ def test_library_kernel_agrees_and_padding_rows_stay_finite():
   mask = attention.Mask(valid, documents=jnp.where(valid, docs, 0), window=6)
   lib = lambda q, k, v: attention.jax_xla_attention(q, k, v, mask.allowed())
   for f in (lib, lambda *x: attention.banded_attention(*x, mask), _dense(mask)):
-    assert np.isfinite(np.asarray(f(*qkv))).all()
+    assert np.isfinite(np.asarray(jax.jit(f)(*qkv))).all()
   _assert_same_function(lib, _dense(mask), qkv, valid)
 
 

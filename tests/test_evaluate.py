@@ -374,7 +374,7 @@ def test_quick_sweep_killed_resumes_without_rerunning_a_cell_and_matches_transfo
 
 
 @pytest.mark.slow
-def test_one_error_line_for_bad_data_and_for_a_suite_not_here(micro_run, tmp_path):
+def test_one_error_line_for_bad_data_before_any_cell_runs(micro_run, tmp_path):
   root = write_glue(tmp_path / 'glue')
   os.rename(os.path.join(root, 'WNLI'), os.path.join(root, 'WNLI.away'))
   out = str(tmp_path / 'out')
@@ -384,15 +384,6 @@ def test_one_error_line_for_bad_data_and_for_a_suite_not_here(micro_run, tmp_pat
   assert bad.returncode == 2
   assert bad.stderr.strip().splitlines()[-1].startswith(f'error: {root}/WNLI: no such directory')
   assert not os.path.exists(os.path.join(out, 'cells'))   # Nothing ran before the check.
-  embedding = subprocess.run(_evaluate_command('--suite=sts', f'--out={out}',
-                                               f'--workdir={micro_run}'),
-                             cwd=REPO, capture_output=True, text=True, timeout=300)
-  if os.path.exists(os.path.join(REPO, 'mlm_jax', 'embedding', 'suites.py')):
-    pytest.skip('mlm_jax/embedding/suites.py is here: its own tests cover --suite=sts')
-  assert embedding.returncode == 2
-  assert embedding.stderr.strip().splitlines()[-1] == (
-      'error: --suite=sts is run by mlm_jax/embedding/suites.py, which this installation does '
-      'not have yet.')
 
 
 @pytest.mark.slow

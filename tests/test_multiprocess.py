@@ -16,7 +16,8 @@ from tests.conftest import run_training
 from tests.conftest import write_config_file
 from tests.conftest import xla_flags
 
-NUM_STEPS = 4
+# Room for the stop: the processes agree on a step a few after the notice.
+NUM_STEPS = 12
 
 
 def _free_port() -> int:
@@ -33,24 +34,34 @@ def _env(devices_per_process: int) -> dict:
   return env
 
 
+def _command(config_file: str, workdir: str, num_processes: int) -> tuple[list[str], list[str]]:
+  """(the train command, the flags of each process for it: one per process)."""
+  cmd = [sys.executable, '-m', 'mlm_jax.train', f'--config={config_file}', f'--workdir={workdir}']
+  if num_processes == 1:
+    return cmd, ['']
+  cmd += [f'--coordinator_address=127.0.0.1:{_free_port()}', f'--num_processes={num_processes}']
+  return cmd, [f'--process_id={i}' for i in range(num_processes)]
+
+
+def _run(config_file: str, workdir: str, num_processes: int, devices: int,
+         envs: list[dict] | None = None) -> list[str]:
+  """Runs the train command in `num_processes` processes of `devices` CPU devices each (each
+  with its own `envs` entry added, if given); asserts they succeed; returns their stderr."""
+  cmd, flags = _command(config_file, workdir, num_processes)
+  envs = envs or [{}] * num_processes
+  procs = [subprocess.Popen(cmd + ([flag] if flag else []), cwd=REPO,
+                            env={**_env(devices), **env}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+           for flag, env in zip(flags, envs)]
+  errs = [p.communicate(timeout=300)[1] for p in procs]
+  for p, err in zip(procs, errs):
+    assert p.returncode == 0, err[-3000:]
+  return errs
+
+
 def _train_losses(config_file: str, workdir: str, num_processes: int, devices: int,
                   env: dict | None = None) -> list:
-  cmd = [sys.executable, '-m', 'mlm_jax.train', f'--config={config_file}', f'--workdir={workdir}']
-  env = {**_env(devices), **(env or {})}
-  if num_processes > 1:
-    port = _free_port()
-    procs = [subprocess.Popen(cmd + [f'--coordinator_address=127.0.0.1:{port}',
-                                     f'--num_processes={num_processes}', f'--process_id={i}'],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-             for i in range(num_processes)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-      assert p.returncode == 0, err[-3000:]
-  else:
-    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
+  _run(config_file, workdir, num_processes, devices, [env or {}] * num_processes)
   return _logged_losses(workdir)
 
 
@@ -61,67 +72,43 @@ def _logged_losses(workdir: str) -> list:
 
 
 @pytest.mark.slow
-def test_two_processes_of_four_devices_match_one_of_eight_and_one_device(prepared, tmp_path):
+def test_two_processes_of_four_devices_stopped_by_sigterm_to_one_resume_as_one_of_eight_and_one(
+    prepared, tmp_path):
+  """2 processes x 4 devices: a preemption notice reaches one of them, both save the same step
+  and stop; the same command resumes both, and the losses of every step are those of an
+  uninterrupted run on 1 process x 8 devices and on 1 device."""
   config, data = prepared
   # One chain everywhere: auto would give the single device 2 chains, whose
   # rows draw other dropout masks (the micro config has dropout).
+  train = dict(num_steps=NUM_STEPS, log_every=1, eval_every=NUM_STEPS,
+               checkpoint_every=NUM_STEPS, concurrent_chains=1)
   config_file = write_config_file(tmp_path / 'micro.py', config.data.corpus, data.data_dir,
-                                  num_steps=NUM_STEPS, log_every=1, eval_every=NUM_STEPS,
-                                  checkpoint_every=NUM_STEPS, concurrent_chains=1)
-  two = _train_losses(config_file, str(tmp_path / 'p2x4'), num_processes=2, devices=4)
-  one = _train_losses(config_file, str(tmp_path / 'p1x1'), num_processes=1, devices=1)
-  # 1 x 8: this process (tests/conftest.py gives it 8 devices), as the command trains.
-  config = micro_config(config.data.corpus, data.data_dir)
-  config.train.update(num_steps=NUM_STEPS, log_every=1, eval_every=NUM_STEPS,
-                      checkpoint_every=NUM_STEPS, concurrent_chains=1)
-  run_training(config, str(tmp_path / 'p1x8'))
-  eight = _logged_losses(str(tmp_path / 'p1x8'))
-  print('losses 2x4:', two, '1x8:', eight, '1x1:', one)
-  assert [s for s, _ in two] == [s for s, _ in eight] == [s for s, _ in one] == [1, 2, 3, 4]
-  np.testing.assert_allclose([l for _, l in two], [l for _, l in eight], rtol=1e-5)
-  np.testing.assert_allclose([l for _, l in two], [l for _, l in one], rtol=1e-5)
-  # Only process 0 wrote metrics (one record per step), and both wrote the checkpoint.
-  assert os.path.isdir(tmp_path / 'p2x4' / 'checkpoints' / str(NUM_STEPS))
-
-
-@pytest.mark.slow
-def test_sigterm_to_one_process_stops_both_at_the_same_step_and_resumes(prepared, tmp_path):
-  """A preemption notice reaches one host; all hosts must save the same step."""
-  config, data = prepared
-  num_steps = 40
-  config_file = write_config_file(tmp_path / 'micro.py', config.data.corpus, data.data_dir,
-                                  num_steps=num_steps, log_every=1, eval_every=num_steps,
-                                  checkpoint_every=num_steps)
-  workdir = str(tmp_path / 'run')
-  port = _free_port()
-  cmd = [sys.executable, '-m', 'mlm_jax.train', f'--config={config_file}', f'--workdir={workdir}',
-         f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2']
-  # Process 1 only sends itself SIGTERM, right after step 3 (preemption.signal_hook_for_tests).
-  envs = [_env(2), dict(_env(2), MLM_JAX_TEST_SIGNAL='SIGTERM@3')]
-  procs = [subprocess.Popen(cmd + [f'--process_id={i}'], cwd=REPO, env=envs[i],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-           for i in range(2)]
-  errs = [p.communicate(timeout=240)[1] for p in procs]
-  for p, err in zip(procs, errs):
-    assert p.returncode == 0, err[-3000:]
+                                  **train)
+  workdir = str(tmp_path / 'p2x4')
+  # Process 1 only sends itself SIGTERM, right after step 2 (preemption.signal_hook_for_tests).
+  errs = _run(config_file, workdir, 2, 4, [{}, {'MLM_JAX_TEST_SIGNAL': 'SIGTERM@2'}])
   stops = [re.search(r'Stopped by SIGTERM at step (\d+)', err) for err in errs]
   assert all(stops), errs[0][-2000:]
   stop_step = int(stops[0].group(1))
-  assert int(stops[1].group(1)) == stop_step and 3 <= stop_step < num_steps
+  assert int(stops[1].group(1)) == stop_step and 2 <= stop_step < NUM_STEPS
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == [str(stop_step)]
-
-  # The same command resumes both processes from that checkpoint.
-  port = _free_port()
-  cmd = [c if not c.startswith('--coordinator_address') else f'--coordinator_address=127.0.0.1:{port}'
-         for c in cmd]
-  procs = [subprocess.Popen(cmd + [f'--process_id={i}'], cwd=REPO, env=_env(2),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-           for i in range(2)]
-  for p in procs:
-    err = p.communicate(timeout=240)[1]
-    assert p.returncode == 0, err[-3000:]
+  # The same command (another coordinator port) resumes both processes from that checkpoint.
+  for err in _run(config_file, workdir, 2, 4):
     assert f'at step {stop_step}' in err
-  assert os.path.isdir(os.path.join(workdir, 'checkpoints', str(num_steps)))
+  assert os.path.isdir(os.path.join(workdir, 'checkpoints', str(NUM_STEPS)))
+  two = _logged_losses(workdir)
+
+  one = _train_losses(config_file, str(tmp_path / 'p1x1'), num_processes=1, devices=1)
+  # 1 x 8: this process (tests/conftest.py gives it 8 devices), as the command trains.
+  config = micro_config(config.data.corpus, data.data_dir)
+  config.train.update(**train)
+  run_training(config, str(tmp_path / 'p1x8'))
+  eight = _logged_losses(str(tmp_path / 'p1x8'))
+  print('stopped at', stop_step, 'losses 2x4:', two, '1x8:', eight, '1x1:', one)
+  steps = list(range(1, NUM_STEPS + 1))
+  assert [s for s, _ in two] == [s for s, _ in eight] == [s for s, _ in one] == steps
+  np.testing.assert_allclose([l for _, l in two], [l for _, l in eight], rtol=1e-5)
+  np.testing.assert_allclose([l for _, l in two], [l for _, l in one], rtol=1e-5)
 
 
 def _assert_one_process_trains_the_same(two, config, workdir, steps):
