@@ -17,6 +17,7 @@ import glob
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -76,12 +77,28 @@ class MetricsWriter:
       self._tb = None
 
 
+def _import_tensorboardx() -> None:
+  """Imports tensorboardX without torch where torch is not loaded already.
+
+  tensorboardX's writer imports torch whenever it is installed, only to accept torch tensors
+  as values (seconds of start-up and hundreds of MB for a run that logs floats). Hidden
+  while tensorboardX loads, torch stays importable by anything after it.
+  """
+  if 'torch' in sys.modules or 'tensorboardX' in sys.modules:
+    import tensorboardX  # noqa: F401  pylint: disable=import-outside-toplevel
+    return
+  sys.modules['torch'] = None  # An import of it raises ImportError meanwhile.
+  try:
+    import tensorboardX  # noqa: F401,F811  pylint: disable=import-outside-toplevel
+  finally:
+    del sys.modules['torch']
+
+
 class _TensorBoard:
   """Scalars (and hparams) as event files, created on the first write."""
 
   def __init__(self, logdir: str, hparams: Mapping[str, Any], start_step: int):
-    # Imported now rather than at the first write, inside the training loop.
-    import tensorboardX  # noqa: F401
+    _import_tensorboardx()  # Now rather than at the first write, inside the training loop.
     self._logdir = logdir
     self._hparams = hparams
     self._start_step = start_step
