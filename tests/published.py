@@ -141,8 +141,15 @@ def _wordpiece(texts: Sequence[str], vocab_size: int, cased: bool = False) -> di
   trained.normalizer = (tk.normalizers.BertNormalizer(lowercase=False, strip_accents=False)
                         if cased else tk.normalizers.BertNormalizer(lowercase=True))
   trained.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
-  trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(BERT_SPECIALS),
-                                         continuing_subword_prefix='##', show_progress=False)
+  # The trainer numbers its characters and their '##' continuations in hash order, which
+  # changes from process to process, and breaks ties between merges by those numbers
+  # (huggingface/tokenizers#1794): given in sorted order, as mlm_jax's own WordPiece training
+  # gives them (data/hf_tokenizer.py), the same texts give the same vocabulary every time.
+  alphabet = sorted({c for text in texts for c in trained.normalizer.normalize_str(text)
+                     if not c.isspace()})
+  trainer = tk.trainers.WordPieceTrainer(
+      vocab_size=vocab_size, special_tokens=[*BERT_SPECIALS, *(f'##{c}' for c in alphabet)],
+      initial_alphabet=alphabet, continuing_subword_prefix='##', show_progress=False)
   trained.train_from_iterator(list(texts), trainer)
   return trained.get_vocab()
 
