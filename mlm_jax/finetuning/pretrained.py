@@ -45,7 +45,9 @@ from mlm_jax.training import workdir as workdir_lib
 RUN_AS = {'dtype': 'auto', 'attention': 'auto', 'document_mask': False,
           'restart_positions': False, 'scan_layers': False, 'remat': 'none',
           'drop_token_rate': 0.0, 'global_attn_every_n_layers': 1, 'local_attention': 128,
-          'global_rope_theta': 10_000.0, 'local_rope_theta': 10_000.0, 'type_vocab_size': 2}
+          'global_rope_theta': 10_000.0, 'local_rope_theta': 10_000.0, 'type_vocab_size': 2,
+          # No config.json holds FlexBERT's attn_out_dropout_prob.
+          'attention_output_dropout_rate': 0.0}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,9 +69,8 @@ class ModelConfig:
   document_mask: bool
   restart_positions: bool
   # Dropout on the attention block's output projection alone (FlexBERT's
-  # attn_out_dropout_prob); a section without it (a Hugging Face checkpoint's
-  # fields, which have no such rate) gets 0.
-  attention_output_dropout_rate: float = 0.0
+  # attn_out_dropout_prob; no Hugging Face config has it).
+  attention_output_dropout_rate: float
   # Set by the trainer, not config.model.
   dtype: Any = jnp.float32   # Compute dtype; parameters are always float32.
   sentence_pair_head: bool = False  # Pooler + 2-way classifier on [CLS] (NSP/SOP).
@@ -98,10 +97,7 @@ class ModelConfig:
     """
     fields = {f.name for f in dataclasses.fields(cls)} - {
         'vocab_size', 'padded_vocab_size', 'dtype', 'sentence_pair_head', 'platform'}
-    optional = {f.name: f.default for f in dataclasses.fields(cls)
-                if f.name in fields and f.default is not dataclasses.MISSING}
-    given = {k: model.get(k, optional[k]) if k in optional else model[k]
-             for k in fields if k not in overrides}
+    given = {k: model[k] for k in fields if k not in overrides}
     if 'attention' in given:   # A run saved before the kernels were renamed.
       given['attention'] = current_attention_name(given['attention'])
     return cls(vocab_size=vocab_size, padded_vocab_size=padded_vocab_size, dtype=dtype,
