@@ -3,15 +3,19 @@ the session and the commands it starts, the order modules are handed to xdist's 
 and small fixtures."""
 
 import collections
+import importlib.util
 import os
 import shutil
 import tempfile
 
 # The tests' programs are tiny and run for milliseconds: LLVM's optimisations of the CPU
-# code they compile to take longer than they save (a fifth of a compile-bound test's time).
-# The HLO, its buffers and the sharding are the same; the executables' arithmetic may differ
-# from an optimised build's in the last bits, and every run of a session compiles alike.
-COMPILE_FLAGS = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
+# code they compile to take longer than they save (a fifth of a compile-bound test's time),
+# and XLA's older elemental emitters generate a fusion's code in half the time of its MLIR
+# fusion emitters (most of the tests' time is compiling). The HLO, its buffers and the
+# sharding are the same; the executables' arithmetic may differ from a default build's in the
+# last bits, and every run of a session compiles alike.
+COMPILE_FLAGS = ('--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true '
+                 '--xla_cpu_use_fusion_emitters=false')
 
 
 def xla_flags(devices: int) -> str:
@@ -130,6 +134,29 @@ def modern_micro_run(prepared, corpus_glob, tmp_path_factory) -> str:
 
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def require(*names: str) -> None:
+  """Skips the calling test module unless every module in `names` is installed (an extra left
+  out); looked up without importing them, so that collecting the tests stays cheap."""
+  missing = [name for name in names if importlib.util.find_spec(name) is None]
+  if missing:
+    pytest.skip(f'needs {", ".join(missing)}', allow_module_level=True)
+
+
+class Deferred:
+  """A module imported at its first attribute use, inside a test, not when the tests are
+  collected: every xdist worker collects every module, and torch, transformers, datasets and
+  tensorflow_datasets take seconds each to import."""
+
+  def __init__(self, name: str):
+    self._name = name
+
+  def __getattr__(self, attr: str):
+    if attr.startswith('_'):  # pytest looks for markers and fixtures on every module attribute.
+      raise AttributeError(attr)
+    return getattr(importlib.import_module(self._name), attr)
+
 
 _DIRS_OWNED: list[str] = []
 
