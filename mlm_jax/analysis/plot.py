@@ -13,13 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-import matplotlib
-
-matplotlib.use('Agg')  # Files only: no display needed.
-
-import matplotlib.pyplot as plt  # noqa: E402
-
-from mlm_jax.training import metrics as metrics_lib  # noqa: E402
+from mlm_jax.training import metrics as metrics_lib
 
 # File name -> (title, y label, [(metrics.jsonl key, curve name, line style)]).
 FIGURES: dict[str, tuple[str, str, list[tuple[str, str, str]]]] = {
@@ -50,6 +44,10 @@ def plot_runs(workdirs: Sequence[str], out_dir: str | None = None) -> list[str]:
   """Writes the figures for `workdirs`; returns the paths written."""
   if not workdirs:
     raise ValueError('no workdir given')
+  # Imported here, as the other figure writers do: only drawing pays for matplotlib.
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use('Agg')  # Files only: no display needed.
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   out_dir = out_dir or os.path.join(workdirs[0], 'plots')
   os.makedirs(out_dir, exist_ok=True)
   runs = [(label, metrics_lib.read_metrics(w)) for label, w in zip(run_labels(workdirs), workdirs)]
