@@ -23,11 +23,14 @@ from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.errors import ConfigError
 from mlm_jax.training import checkpoint
 from tests import published
+from tests.conftest import Deferred
 from tests.conftest import micro_config
+from tests.conftest import require
 from tests.conftest import run_training
 
-transformers = pytest.importorskip('transformers')
-torch = pytest.importorskip('torch')
+require('transformers', 'torch')
+transformers = Deferred('transformers')
+torch = Deferred('torch')
 
 TEXTS = ['Café naïve façade: 東京 and 😀 emoji.', 'Return the <mask> of a list.',
          'A [MASK] after a space', 'lowercase UPPERCASE MixedCase', 'x' * 300]

@@ -18,7 +18,6 @@ from mlm_jax.data import pipeline as input_pipeline
 from mlm_jax.data import prepare
 from mlm_jax.data import prepared as prepared_lib
 from mlm_jax.data import sp_tokenizer
-from mlm_jax.data import tfds_export
 from mlm_jax.data import tokenizer as tok
 from tests.conftest import micro_config
 
@@ -245,6 +244,7 @@ def test_sentences_sentencepiece_would_skip_are_counted():
 
 
 def test_rows_serialize_to_the_bytes_of_tfds_feature_encoding():
+  from mlm_jax.data import tfds_export  # pylint: disable=import-outside-toplevel  # imports tfds
   spec = tfds_export.features(16)
   rng = np.random.default_rng(0)
   for row in [np.zeros(16, np.int32), rng.integers(0, 2**31 - 1, 16).astype(np.int32),

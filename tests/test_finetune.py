@@ -10,7 +10,6 @@ import sys
 import jax
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
 from mlm_jax.errors import ConfigError
 from mlm_jax.data import tokenizer as tok_lib
@@ -20,6 +19,9 @@ from mlm_jax.finetuning import loop
 from mlm_jax.finetuning import model_dir
 from mlm_jax.finetuning import predict as predict_lib
 from mlm_jax.finetuning import scores
+from tests.conftest import Deferred
+
+tfds = Deferred('tensorflow_datasets')
 
 # Words the stdlib-docstring tokenizer knows; MARKER decides the label.
 WORDS = ('the', 'file', 'returns', 'list', 'value', 'string', 'object', 'function', 'name',
@@ -217,47 +219,18 @@ def test_pair_classifier_reads_the_second_text(pretrained, tmp_path):
 # ------------------------------------------------------------- tfds splits
 
 
-class MarkerSentences(tfds.core.GeneratorBasedBuilder):
-  """The classify and tag rows above as a tfds dataset, with glue/sst2's and conll2003's kinds
-  of features."""
-
-  VERSION = tfds.core.Version('1.0.0')
-  BUILDER_CONFIGS = [tfds.core.BuilderConfig(name='classify'), tfds.core.BuilderConfig(name='tag')]
-
-  def _info(self):
-    if self.builder_config.name == 'classify':
-      features = {'sentence': tfds.features.Text(), 'idx': np.int32,
-                  'label': tfds.features.ClassLabel(names=['no', 'yes'])}
-    else:
-      features = {'tokens': tfds.features.Sequence(tfds.features.Text()),
-                  'ner': tfds.features.Sequence(tfds.features.ClassLabel(names=['O', 'B-ERR']))}
-    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
-
-  def _split_generators(self, dl_manager):
-    # 'test' is unlabelled, as GLUE's test splits are: its labels are -1.
-    return {'train': self._generate_examples(0, 256), 'validation': self._generate_examples(1, 64),
-            'test': self._generate_examples(1, 64, labelled=False)}
-
-  def _generate_examples(self, seed=0, n=0, labelled=True):
-    if self.builder_config.name == 'tag':
-      for i, row in enumerate(_tag_rows(seed, n)):
-        yield i, {'tokens': row['tokens'], 'ner': row['tags']}
-      return
-    for i, row in enumerate(_classify_rows(seed, n)):
-      yield i, {'sentence': row['text'], 'idx': i, 'label': row['label'] if labelled else -1}
-
-
 CLASSIFY = 'tfds:marker_sentences/classify'
 
 
 @pytest.fixture(scope='module')
 def tfds_dirs(tmp_path_factory):
   """{'array_record': MarkerSentences's data dir, 'tfrecord': a copy that says tfrecord}."""
+  from tests import tfds_datasets  # pylint: disable=import-outside-toplevel
   tfds.disable_progress_bar()
   root = tmp_path_factory.mktemp('tfds')
   for name in ('classify', 'tag'):
-    MarkerSentences(config=name, data_dir=str(root / 'array_record')).download_and_prepare(
-        file_format='array_record')
+    tfds_datasets.MarkerSentences(config=name, data_dir=str(root / 'array_record')
+                                  ).download_and_prepare(file_format='array_record')
   shutil.copytree(root / 'array_record', root / 'tfrecord')
   for path in (root / 'tfrecord').glob('marker_sentences/*/1.0.0/dataset_info.json'):
     info = json.loads(path.read_text())

@@ -17,11 +17,12 @@ import os
 import numpy as np
 import pytest
 
-torch = pytest.importorskip('torch')
-transformers = pytest.importorskip('transformers')
-pytest.importorskip('safetensors')
-pytest.importorskip('tokenizers')
-pytest.importorskip('sentencepiece')
+from tests.conftest import Deferred  # noqa: E402
+from tests.conftest import require  # noqa: E402
+
+require('torch', 'transformers', 'safetensors', 'tokenizers', 'sentencepiece')
+torch = Deferred('torch')
+transformers = Deferred('transformers')
 
 from configs import base  # noqa: E402
 from mlm_jax import model as model_lib  # noqa: E402

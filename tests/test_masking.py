@@ -5,13 +5,15 @@ import pickle
 import ml_collections
 import numpy as np
 import pytest
-from scipy import stats
 
 from configs import base
 from mlm_jax.errors import ConfigError
 from mlm_jax.data import masking
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
+from tests.conftest import Deferred
+
+stats = Deferred('scipy.stats')
 
 # The layout of the tokenizers trained here ([PAD]=0 ... [MASK]=4); the rows
 # below use it, and test_other_special_layouts another.

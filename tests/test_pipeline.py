@@ -11,7 +11,6 @@ import sys
 import grain.experimental as grain_experimental
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
 from configs import base
 from mlm_jax.config import fields
@@ -24,8 +23,11 @@ from mlm_jax.data import prepared as prepared_lib
 from mlm_jax.data import sentence_pairs
 from mlm_jax.data import sp_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
+from tests.conftest import Deferred
 from tests.conftest import REPO
 from tests.conftest import write_config_file
+
+tfds = Deferred('tensorflow_datasets')
 
 T = 64
 # The special ids of the synthetic rows below (those of the tokenizers trained here).

@@ -201,6 +201,11 @@ def test_a_run_in_phases_is_compiled_phase_by_phase(tmp_path):
   assert [p['phase'] for p in r['phases']] == ['pretrain', 'context', 'decay'] and r['ok']
   assert [p['model']['seq_len'] for p in r['phases']] == [128, 256, 256]
   assert "Phase 2/3 'context':" in output and '3 of 3 phases fit on h100.' in output
+  # The decay phase changes the schedule and the masking rate of 'context': its eval step is
+  # context's program, compiled once; its train step holds the new schedule.
+  assert [(p['train']['reused'], p['eval']['reused']) for p in r['phases']] == [
+      (False, False), (False, False), (False, True)]
+  assert r['phases'][2]['eval']['memory'] == r['phases'][1]['eval']['memory']
 
 
 def test_asking_for_cudnn_with_attention_dropout_is_refused(tmp_path):

@@ -16,10 +16,12 @@ import os
 import numpy as np
 import pytest
 
-torch = pytest.importorskip('torch')
-transformers = pytest.importorskip('transformers')
-pytest.importorskip('safetensors')
-pytest.importorskip('tokenizers')
+from tests.conftest import Deferred  # noqa: E402
+from tests.conftest import require  # noqa: E402
+
+require('torch', 'transformers', 'safetensors', 'tokenizers')
+torch = Deferred('torch')
+transformers = Deferred('transformers')
 
 import jax  # noqa: E402
 

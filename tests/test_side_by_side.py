@@ -13,9 +13,9 @@ from mlm_jax.analysis import side_by_side
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline
 from mlm_jax.errors import ConfigError
+from tests.conftest import require
 
-pytest.importorskip('torch')
-pytest.importorskip('transformers')
+require('torch', 'transformers')
 
 
 def _config(prepared, variant):

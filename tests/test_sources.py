@@ -16,7 +16,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import tensorflow_datasets as tfds
 
 from mlm_jax.config import checks
 from mlm_jax.config import fields
@@ -28,9 +27,12 @@ from mlm_jax.data import prepare
 from mlm_jax.data import prepared as prepared_lib
 from mlm_jax.data import tokenizer as tok
 from mlm_jax.errors import ConfigError
+from tests.conftest import Deferred
 from tests.conftest import REPO
 from tests.conftest import micro_config
 from tests.conftest import write_config_file
+
+tfds = Deferred('tensorflow_datasets')
 
 # Real prose, one paragraph each (a blank line would split a document of a .txt file).
 DOCS = [re.sub(r'\n\s*\n', '\n', d) for d, _ in zip(corpus.stdlib_docstrings(), range(400))]
@@ -363,27 +365,11 @@ def test_an_unfinished_prepare_of_an_earlier_version_continues(tmp_path, monkeyp
   _assert_same_data(data, prepare.prepare(*fields.data_request(_config(str(tmp_path / 'a.txt'), tmp_path / 'clean'))))
 
 
-class ShortTexts(tfds.core.GeneratorBasedBuilder):
-  """A real tfds text dataset (title + text features); module level, so workers unpickle it."""
-
-  VERSION = tfds.core.Version('1.0.0')
-
-  def _info(self):
-    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
-        {'title': tfds.features.Text(), 'text': tfds.features.Text()}))
-
-  def _split_generators(self, dl_manager):
-    return {'train': self._generate_examples()}
-
-  def _generate_examples(self):
-    for i, doc in enumerate(DOCS[:200]):
-      yield i, {'title': f'doc {i}', 'text': doc}
-
-
 def _write_tfds_text_dataset(data_dir) -> list[str]:
   """ShortTexts prepared on disk as array_record."""
   tfds.disable_progress_bar()
-  ShortTexts(data_dir=str(data_dir)).download_and_prepare(file_format='array_record')
+  from tests import tfds_datasets  # pylint: disable=import-outside-toplevel
+  tfds_datasets.ShortTexts(data_dir=str(data_dir)).download_and_prepare(file_format='array_record')
   return DOCS[:200]
 
 

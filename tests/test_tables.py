@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import datasets
 import fsspec
 import numpy as np
 import pyarrow as pa
@@ -26,12 +25,16 @@ from mlm_jax.data import prepare
 from mlm_jax.data import prepared as prepared_lib
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.errors import ConfigError
+from tests.conftest import Deferred
 from tests.conftest import REPO
 from tests.conftest import write_config_file
 from tests.test_sources import DOCS
 from tests.test_sources import _assert_same_data
 from tests.test_sources import _config
 from tests.test_sources import _documents
+
+datasets = Deferred('datasets')
+
 
 def _write_jsonl(path, docs):
   path.write_text(''.join(json.dumps({'text': d}) + '\n' for d in docs))
