@@ -45,11 +45,12 @@ def main() -> int:
   plan = phases.Plan(config) if config.get('phases') else None
   runs = plan.phases if plan else [None]
   reports = []
+  compiled = {}  # Phases that share a program (an eval step, often) compile it once.
   for phase in runs:
     if phase is not None:
       print(f'Phase {phase.index + 1}/{len(runs)} {phase.name!r}:', flush=True)
     report = preflight.Preflight(config if phase is None else phase.config, target, log,
-                                 search_budget_s=_SEARCH_BUDGET.value).run()
+                                 search_budget_s=_SEARCH_BUDGET.value, compiled=compiled).run()
     report['command'] = shlex.join(['python', '-m', 'mlm_jax.preflight', *sys.argv[1:]])
     if phase is not None:
       report['phase'] = phase.name

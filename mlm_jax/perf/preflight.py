@@ -33,6 +33,7 @@ Needs `pip install -e '.[aot]'` (libtpu and XLA's CUDA compiler).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import re
 import time
@@ -71,6 +72,9 @@ class StepFigures:
   xla_cost: dict[str, float]  # XLA's cost analysis (TPU): flops, bytes accessed, optimal_seconds.
   # The compiler's refusal when the program cannot fit (the TPU compiler checks).
   compile_error: str = ''
+  # The step lowered to a program compiled earlier by this command (a phase's eval step that
+  # another phase shares): its figures are that compile's, and compile_s is the lowering's.
+  reused: bool = False
 
   @property
   def total(self) -> int:
@@ -118,8 +122,13 @@ class Preflight:
 
   def __init__(self, config, target: targets.Target,
                log: Callable[[str], None] = lambda s: None,
-               search_budget_s: float = SEARCH_BUDGET_S):
+               search_budget_s: float = SEARCH_BUDGET_S,
+               compiled: dict[str, tuple] | None = None):
+    """compiled: the figures of the programs compiled so far, by their lowered text's hash;
+    pre-flights of one target may share it (the phases of a run), so that a program lowered
+    to the same text is compiled once."""
     self.target = target
+    self._compiled = {} if compiled is None else compiled
     self.log = log
     try:
       checks.validate(config, num_devices=target.num_devices, check_paths=False)
@@ -173,6 +182,14 @@ class Preflight:
         grad_accum_steps=config.train.grad_accum_steps, fsdp=config.mesh.fsdp, memory={},
         usable_memory=self.usable_memory, compile_s=0.0, flops=None, flops_source='', hlo={},
         xla_cost={})
+    key = f'{step}:{hashlib.sha256(lowered.as_text().encode()).hexdigest()}'
+    if key in self._compiled:
+      (figures.memory, figures.compile_error, figures.hlo, figures.xla_cost, figures.flops,
+       figures.flops_source) = self._compiled[key]
+      figures.reused = True
+      figures.compile_s = time.perf_counter() - start
+      self._log_compile(figures)
+      return figures
     try:
       compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as e:
@@ -194,14 +211,21 @@ class Preflight:
         figures.flops_source = 'matrix multiplies counted in the compiled HLO'
       figures.memory = _memory(compiled, built.abstract_state, batch)
     figures.compile_s = time.perf_counter() - start
-    self.log(f'  {step} step, global batch {batch_size} ({batch_size // n} per device'
+    self._compiled[key] = (figures.memory, figures.compile_error, figures.hlo, figures.xla_cost,
+                           figures.flops, figures.flops_source)
+    self._log_compile(figures)
+    return figures
+
+  def _log_compile(self, figures: StepFigures) -> None:
+    self.log(f'  {figures.step} step, global batch {figures.global_batch} '
+             f'({figures.per_device_batch} per device'
              + (f', {figures.grad_accum_steps} micro-batches' if figures.grad_accum_steps > 1 else '')
              + (f', fsdp={figures.fsdp}' if figures.fsdp > 1 else '')
              + f'): {_gib(figures.total)} per device, '
              + ('fits' if figures.fits else 'does not fit')
              + (' (refused by the compiler)' if figures.compile_error else '')
-             + f' ({figures.compile_s:.0f} s)')
-    return figures
+             + (' (the program of an earlier compile: not compiled again)' if figures.reused
+                else f' ({figures.compile_s:.0f} s)'))
 
   # ---------------------------------------------------------- suggestions
 
