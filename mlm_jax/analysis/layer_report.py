@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from mlm_jax import model as model_lib
+from mlm_jax.analysis import plot
 from mlm_jax.data import masking
 from mlm_jax.data import pipeline as input_pipeline
 from mlm_jax.data import prepared
@@ -134,10 +135,7 @@ def _write(workdir: str, report: dict[str, Any]) -> None:
 
 
 def _plot(report: dict[str, Any], path: str) -> None:
-  import matplotlib
-  matplotlib.use('Agg')  # Files only: no display needed.
-  import matplotlib.pyplot as plt
-
+  plt = plot.pyplot()
   rows = report['layers']
   x = [r['layer'] for r in rows]
   fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)

@@ -29,6 +29,15 @@ FIGURES: dict[str, tuple[str, str, list[tuple[str, str, str]]]] = {
 }
 
 
+def pyplot():
+  """matplotlib.pyplot drawing into files (the Agg backend, no display), imported at the first
+  figure: only a command that draws pays for matplotlib. Every figure writer takes it here."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  return plt
+
+
 def run_labels(workdirs: Sequence[str]) -> list[str]:
   """Workdir names; parent directories are added while two names clash."""
   parts = [os.path.abspath(w).rstrip(os.sep).split(os.sep) for w in workdirs]
@@ -44,10 +53,7 @@ def plot_runs(workdirs: Sequence[str], out_dir: str | None = None) -> list[str]:
   """Writes the figures for `workdirs`; returns the paths written."""
   if not workdirs:
     raise ValueError('no workdir given')
-  # Imported here, as the other figure writers do: only drawing pays for matplotlib.
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use('Agg')  # Files only: no display needed.
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  plt = pyplot()
   out_dir = out_dir or os.path.join(workdirs[0], 'plots')
   os.makedirs(out_dir, exist_ok=True)
   runs = [(label, metrics_lib.read_metrics(w)) for label, w in zip(run_labels(workdirs), workdirs)]

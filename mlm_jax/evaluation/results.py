@@ -21,6 +21,7 @@ import os
 import statistics
 from typing import Any
 
+from mlm_jax.analysis import plot
 from mlm_jax.evaluation import protocols as protocols_lib
 from mlm_jax.evaluation import sweep as sweep_lib
 from mlm_jax.evaluation import tasks as tasks_lib
@@ -122,9 +123,7 @@ def describe_model(model: dict[str, Any]) -> str:
 def figure(path: str, header: dict[str, Any], ours: dict[str, Any],
            theirs: dict[str, Any] | None) -> None:
   """results.png: each task's chosen score (x100), ours beside transformers', min-max bars."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  plt = plot.pyplot()
   names = list(ours['tasks'])
   systems = [('ours', ours)] + ([('transformers', theirs)] if theirs else [])
   width = 0.8 / len(systems)

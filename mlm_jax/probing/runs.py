@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from mlm_jax.analysis import plot
 from mlm_jax.probing import features
 from mlm_jax.probing import scalar_mix
 from mlm_jax.probing import tasks as tasks_lib
@@ -68,9 +69,7 @@ def write_probe(report: dict[str, Any], out_dir: str) -> str:
   stem = os.path.join(out_dir, report['task'])
   with open(stem + '.json', 'w') as f:
     json.dump(report, f, indent=2)
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use('Agg')  # Files only: no display needed.
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  plt = plot.pyplot()
   layers = np.arange(len(report['mix_weights']))
   fig, (w_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
   w_ax.bar(layers, report['mix_weights'], color='C0')
