@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import Deferred  # noqa: E402
-from tests.conftest import require  # noqa: E402
+from tests.conftest import Deferred
+from tests.conftest import require
 
 require('torch', 'transformers', 'safetensors', 'tokenizers')
 torch = Deferred('torch')

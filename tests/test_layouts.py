@@ -17,8 +17,8 @@ import os
 import numpy as np
 import pytest
 
-from tests.conftest import Deferred  # noqa: E402
-from tests.conftest import require  # noqa: E402
+from tests.conftest import Deferred
+from tests.conftest import require
 
 require('torch', 'transformers', 'safetensors', 'tokenizers', 'sentencepiece')
 torch = Deferred('torch')
