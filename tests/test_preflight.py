@@ -220,9 +220,10 @@ def test_oversized_batch_is_refused_with_suggestions_that_fit(tmp_path):
   _require_compilers('h100')
   # Every suggestion compiled, however long the compiles take on this machine. JAX given 3%
   # of the H100's memory (2.4 GiB): the limit is a few thousand rows of 128, whose compiles
-  # take seconds, not minutes.
+  # take seconds, not minutes; one of bert_tiny's layers halves each compile and keeps what the
+  # search sees (memory in a + b * rows).
   args = ('--config=configs/bert_tiny.py', '--target=h100', '--config.train.batch_size=65536',
-          '--search_budget_s=inf')
+          '--config.model.num_layers=1', '--search_budget_s=inf')
   small = {'XLA_PYTHON_CLIENT_MEM_FRACTION': '0.03'}
   code, output, r = _preflight(*args, tmp_path=tmp_path, **small)
   assert r['usable_memory_note'].startswith('0.03 of'), r['usable_memory_note']
@@ -263,6 +264,7 @@ def test_fsdp_splits_the_state_over_the_devices():
   from configs import bert_tiny
   from mlm_jax.perf import preflight
   config = bert_tiny.get_config()
+  config.model.num_layers = 1  # The split is per parameter: one layer has every kind.
   check = preflight.Preflight(config, targets.parse('h100x8'))
   replicated = check.compile({'mesh.fsdp': 1, 'train.batch_size': 8192})
   sharded = check.compile({'mesh.fsdp': 8, 'train.batch_size': 8192})
