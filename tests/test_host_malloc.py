@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from tests.test_bench import REPO
+from tests.conftest import REPO
+from tests.conftest import xla_flags
 
 # Runs the bert_tiny config's train step on one CPU device and prints the page
 # faults per step of the quietest window after warm-up (the step's 128 MB
@@ -45,7 +46,9 @@ glibc_only = pytest.mark.skipif(
 
 
 def _run(code: str, *args: str, **env: str) -> list[str]:
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', **env)
+  # One device, and the tests' compile options (they change how the CPU code is generated,
+  # not the step's buffers, whose page faults are counted).
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1), **env)
   out = subprocess.run([sys.executable, '-c', code, *args], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
