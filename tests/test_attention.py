@@ -292,9 +292,10 @@ def _assert_trains_as_the_dense_model(model, dense, batch):
 
 
 @pytest.mark.slow
-def test_the_tiny_modernbert_trains_on_rows_of_2048_tokens_within_a_few_gib(tmp_path):
+def test_the_tiny_modernbert_trains_on_rows_of_2048_tokens_within_a_few_gib(corpus_glob, tmp_path):
   """configs/tiny.py at T=2,048 with documents apart, as a command on one CPU device: the local
-  layers run banded, the step trains, and the process stays within 4 GiB."""
+  layers run banded, the step trains, and the process stays within 4 GiB. (On the session's
+  small corpus: a few dozen rows of 2,048 are all two steps and their evaluation read.)"""
   import os
   import subprocess
   import sys
@@ -313,6 +314,7 @@ def test_the_tiny_modernbert_trains_on_rows_of_2048_tokens_within_a_few_gib(tmp_
              'runpy.run_module("mlm_jax.train", run_name="__main__", alter_sys=True)\n')
   command = [sys.executable, '-c', wrapper, '--config=configs/tiny.py',
              f'--workdir={tmp_path / "run"}', f'--config.data.data_dir={tmp_path / "data"}',
+             f'--config.data.corpus={corpus_glob}',
              '--config.data.seq_len=2048', '--config.model.max_position_embeddings=2048',
              '--config.model.document_mask=True', '--config.train.batch_size=4',
              '--config.eval.batch_size=4', '--config.eval.max_batches=2',
