@@ -114,7 +114,8 @@ def test_bench_tiny_with_hf_comparison(tmp_path):
   """The command on configs/bert_tiny.py: sane figures for both, the same work for both."""
   json_out = tmp_path / 'bench.json'
   cmd = [sys.executable, '-m', 'mlm_jax.bench', '--config=configs/bert_tiny.py',
-         '--config.train.batch_size=8', '--warmup=1', '--steps=3', '--repeats=2',
+         '--config.model.num_layers=1', '--config.train.batch_size=8', '--warmup=1',
+         '--steps=3', '--repeats=2',
          '--peak_tflops=1', '--compare=hf', f'--json_out={json_out}']
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
