@@ -292,10 +292,11 @@ def _assert_trains_as_the_dense_model(model, dense, batch):
 
 
 @pytest.mark.slow
-def test_the_tiny_modernbert_trains_on_rows_of_2048_tokens_within_a_few_gib(corpus_glob, tmp_path):
+def test_the_tiny_modernbert_trains_on_rows_of_2048_tokens_within_a_few_gib(corpus_glob,
+                                                                             tmp_path):
   """configs/tiny.py at T=2,048 with documents apart, as a command on one CPU device: the local
-  layers run banded, the step trains, and the process stays within 4 GiB. (On the session's
-  small corpus: a few dozen rows of 2,048 are all two steps and their evaluation read.)"""
+  layers run banded, the step trains, and the process stays within 4 GiB. It reads the session's
+  small corpus: the step and its memory are what is tested, not the text."""
   import os
   import subprocess
   import sys

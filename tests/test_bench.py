@@ -115,8 +115,8 @@ def test_bench_tiny_with_hf_comparison(tmp_path):
   json_out = tmp_path / 'bench.json'
   cmd = [sys.executable, '-m', 'mlm_jax.bench', '--config=configs/bert_tiny.py',
          '--config.model.num_layers=1', '--config.train.batch_size=8', '--warmup=1',
-         '--steps=3', '--repeats=2',
-         '--peak_tflops=1', '--compare=hf', f'--json_out={json_out}']
+         '--steps=3', '--repeats=2', '--peak_tflops=1', '--compare=hf',
+         f'--json_out={json_out}']
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   for field in ('step time', 'tokens/s', 'MFU', 'compile', 'peak memory',
