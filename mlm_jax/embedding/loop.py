@@ -82,8 +82,7 @@ def _embed(workdir: str | None, out_dir: str, train_path: str,
   # ---------------------------------------------------------------- resume
   checkpointer = checkpoint.Checkpointer(run_dir.checkpoint_dir(out_dir), train)
   meta = run_dir.checkpoint_meta(model_cfg, record)
-  state = built.init_state()   # Made under jit straight into its sharding.
-  state, start_step = checkpointer.restore_latest(state, meta)
+  state, start_step = checkpointer.restore_or_init(built.abstract_state, built.init_state, meta)
   if start_step:
     logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
   else:

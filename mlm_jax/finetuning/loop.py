@@ -324,9 +324,8 @@ def _best_so_far(directory: str, start_step: int, is_main: bool) -> dict[str, An
 def _resume(built: step_lib.Built, checkpointer: checkpoint.Checkpointer, meta: dict[str, Any],
             pretrained: pretrained_lib.Pretrained) -> tuple[Any, int]:
   """(state, step): the latest checkpoint in the output directory, else the pretrained encoder."""
-  state = built.init_state()   # Made under jit straight into its sharding.
-  # The newest checkpoint that reads; any newer that does not is set aside.
-  state, start_step = checkpointer.restore_latest(state, meta)
+  # The newest checkpoint that reads (any newer that does not is set aside), else a fresh state.
+  state, start_step = checkpointer.restore_or_init(built.abstract_state, built.init_state, meta)
   if start_step:
     logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
   else:

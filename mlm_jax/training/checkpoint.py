@@ -25,7 +25,9 @@ import os
 import re
 import shutil
 import sys
+import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -138,6 +140,22 @@ class Checkpointer:
       raise CheckpointReadError(
           f'no checkpoint in {self.directory} reads ({details}). They are left as they are: '
           'restore the files, or move them away to start again from the beginning.')
+    return state, 0
+
+  def restore_or_init(self, abstract: Any, init: Callable[[], Any], meta: dict) -> tuple[Any, int]:
+    """(state, step): the newest checkpoint that reads, restored straight into the shardings of
+    `abstract` (jax.ShapeDtypeStruct leaves); else (init(), 0).
+
+    A resume never makes the fresh state it would overwrite: on a large model,
+    compiling and running the initialiser costs as much as the restore.
+    Errors as restore_latest.
+    """
+    state, step = self.restore_latest(abstract, meta)
+    if step:
+      return state, step
+    start = time.perf_counter()
+    state = init()
+    logging.info('Train state initialised in %.1fs', time.perf_counter() - start)
     return state, 0
 
   def wait(self) -> None:

@@ -293,11 +293,10 @@ def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
   """(state, step, restored): this workdir's latest checkpoint, else config.init's weights
   (a Composer checkpoint's with its optimizer and step: the run goes on from there), else
   fresh."""
-  start = time.perf_counter()
-  state = built.init_state()  # Initialised under jit straight into its sharding.
-  logging.info('Train state initialised in %.1fs', time.perf_counter() - start)
-  # The newest checkpoint that reads; any newer that does not is set aside.
-  state, start_step = checkpointer.restore_latest(state, fields.shape_record(built.model_cfg))
+  # The newest checkpoint that reads (any newer that does not is set aside), else a fresh state
+  # made under jit straight into its sharding.
+  state, start_step = checkpointer.restore_or_init(
+      built.abstract_state, built.init_state, fields.shape_record(built.model_cfg))
   restored = bool(start_step)
   if restored:
     logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
