@@ -36,6 +36,28 @@ def test_default_corpus_is_stdlib_docstrings_read_without_importing():
   assert imported == 'False'
 
 
+def test_default_corpus_is_parsed_once_then_read_from_the_cache(tmp_path, monkeypatch):
+  monkeypatch.setenv('MLM_JAX_CACHE', str(tmp_path))
+  corpus._docstring_table.cache_clear()
+  source = corpus.StdlibSource()
+  files = source.files[:40]
+  unit = corpus.Unit(files=files)
+  parsed = [doc for path in files for doc in corpus.docstrings_of(path)]
+  assert corpus._docstring_table(tuple(files), 'digest', build=False) is None
+  table = corpus._docstring_table(tuple(files), 'digest', build=True)
+  (kept,) = (tmp_path / 'corpus').iterdir()   # Written whole, no temporary file left.
+  assert kept.name.endswith('-digest.json') and [d for f in files for d in table[f]] == parsed
+  corpus._docstring_table.cache_clear()
+  kept.write_text(json.dumps({f: ['from the cache'] for f in files}))
+  assert corpus._docstring_table(tuple(files), 'digest', build=False)[files[0]] == [
+      'from the cache']
+  # The source reads the whole corpus's table: once kept, a unit's documents come from it.
+  corpus._docstring_table.cache_clear()
+  assert [doc for _, doc in source.read(unit, corpus.Tally())] == parsed
+  assert len(list((tmp_path / 'corpus').iterdir())) == 2
+  corpus._docstring_table.cache_clear()
+
+
 def test_tokenizer_special_ids_and_padded_vocab(prepared):
   _, data = prepared
   t = data.tokenizer

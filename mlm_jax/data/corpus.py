@@ -7,7 +7,10 @@ Corpus: its sources and their units of work in reading order.
 The default corpus exists on every machine with Python: the docstrings of the
 standard library (~1.6 MB of English technical prose), read with `ast` from
 the source files, never by importing the modules. Each docstring is one
-document.
+document. Parsing them takes seconds; the first read of the whole corpus keeps
+them, file by file, in mlm_jax's cache (paths.cache_root()), named by the
+Python version and the files' sizes and times, and every later read of the
+same files takes them from there.
 
 User files (`config.data.corpus`: paths, directories or globs, comma
 separated) are `.txt` (or any other name: plain text) or `.jsonl` (one JSON
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import ast
 import codecs
+import contextlib
 import dataclasses
 import functools
 import gzip
@@ -131,14 +135,16 @@ class StdlibSource(sources_lib.Source):
 
   def __init__(self):
     self.files = stdlib_files()
+    self.digest = _stat_digest(self.files)
 
   def units(self) -> list[Unit]:
     # ~11 MB of source holding ~1.7 MB of docstrings: small units, so all workers get some.
     return _group(self.files, [os.path.getsize(f) for f in self.files], UNIT_BYTES // 16)
 
   def read(self, unit: Unit, tally: Tally) -> Iterator[sources_lib.Piece]:
+    table = _docstring_table(tuple(self.files), self.digest, build=True)
     for path in unit.files:
-      for doc in docstrings_of(path):
+      for doc in table[path]:
         yield True, doc
 
 
@@ -199,9 +205,46 @@ def docstrings_of(path: str) -> Iterator[str]:
 
 
 def stdlib_docstrings() -> Iterator[str]:
-  """Every module, class and function docstring of the standard library."""
-  for path in stdlib_files():
-    yield from docstrings_of(path)
+  """Every module, class and function docstring of the standard library, in StdlibSource's
+  order: from the cache when a whole read has filled it, else parsed as they are taken."""
+  files = stdlib_files()
+  table = _docstring_table(tuple(files), _stat_digest(files), build=False)
+  for path in files:
+    yield from table[path] if table is not None else docstrings_of(path)
+
+
+@functools.lru_cache(maxsize=1)
+def _docstring_table(files: tuple[str, ...], digest: str,
+                     build: bool) -> dict[str, list[str]] | None:
+  """{file: its docstrings} for the stdlib `files` whose _stat_digest is `digest`: read from
+  the cache, else (with `build`) parsed and written there; None without `build` and a cache.
+
+  A file of the cache is written whole under a temporary name, then renamed, so processes
+  that fill it at once each see a complete one; a cache that cannot be read or written is
+  passed over (it only saves time).
+  """
+  version = '.'.join(map(str, sys.version_info[:3]))
+  path = os.path.join(paths.cache_root(), 'corpus', f'stdlib-docstrings-{version}-{digest}.json')
+  try:
+    with open(path, encoding='utf-8') as f:
+      table = json.load(f)
+    if sorted(table) == sorted(files):
+      return table
+  except (OSError, ValueError):
+    pass
+  if not build:
+    return None
+  table = {file: list(docstrings_of(file)) for file in files}
+  partial = f'{path}.{os.getpid()}.tmp'
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(partial, 'w', encoding='utf-8') as f:
+      json.dump(table, f)
+    os.replace(partial, path)
+  except OSError:
+    with contextlib.suppress(OSError):
+      os.remove(partial)
+  return table
 
 
 # ---------------------------------------------------------------- resolving

@@ -85,6 +85,12 @@ def size(path: str) -> int:
   return _epath(path).stat().length if is_url(path) else os.path.getsize(path)
 
 
+def cache_root() -> str:
+  """$MLM_JAX_CACHE, else ~/.cache/mlm_jax: where default data dirs, bucket copies and the
+  default corpus's parsed docstrings go."""
+  return os.environ.get('MLM_JAX_CACHE', os.path.join(os.path.expanduser('~'), '.cache', 'mlm_jax'))
+
+
 def identity(path: str) -> list:
   """[absolute path, size, modification time]: what a corpus's fingerprint keeps of a file.
 

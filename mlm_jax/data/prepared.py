@@ -202,16 +202,11 @@ def given_tokenizer(tok: ml_collections.ConfigDict) -> tok_lib.Tokenizer:
   return given
 
 
-def cache_root() -> str:
-  """$MLM_JAX_CACHE, else ~/.cache/mlm_jax: where default data dirs and bucket copies go."""
-  return os.environ.get('MLM_JAX_CACHE', os.path.join(os.path.expanduser('~'), '.cache', 'mlm_jax'))
-
-
 def default_data_dir(fp: dict) -> str:
   digest = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:12]
   name = {'python-stdlib-docstrings': 'stdlib', 'tfds': 'tfds', None: 'mixture'}.get(
       fp['corpus'].get('source'), 'corpus')
-  return os.path.join(cache_root(), 'data', f'{name}-T{fp["seq_len"]}-{digest}')
+  return os.path.join(paths.cache_root(), 'data', f'{name}-T{fp["seq_len"]}-{digest}')
 
 
 def resolve_data_dir(data: ml_collections.ConfigDict, tok: ml_collections.ConfigDict,
@@ -292,7 +287,7 @@ def part_names(data: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 def local_copy_dir(url: str) -> str:
   """Where a data dir at a bucket URL is copied to be read (training memory-maps its rows)."""
-  return os.path.join(cache_root(), 'remote', hashlib.sha256(url.encode()).hexdigest()[:16])
+  return os.path.join(paths.cache_root(), 'remote', hashlib.sha256(url.encode()).hexdigest()[:16])
 
 
 def copy_down(url: str, fp: dict) -> str:

@@ -27,8 +27,8 @@ mu = exp_avg * (1 - beta1^t) and nu = exp_avg_sq * (1 - beta2^t). A checkpoint o
 weights with Kahan summation holds each weight's lost low bits in `kahan_comp`: they are
 added back.
 
-The file may be local, at a bucket URL (gs://, s3://: copied once into the cache of
-data/prepared.py, as a data dir is) or a hub file (org/name[@revision]/path, through the
+The file may be local, at a bucket URL (gs://, s3://: copied once into mlm_jax's cache,
+paths.cache_root(), as a data dir is) or a hub file (org/name[@revision]/path, through the
 Hugging Face cache: interop/hub.py); `local_file` finds it, and `read` reads it once per
 process (a training checkpoint is GBs: the command's config check and the loop share it).
 
@@ -55,7 +55,6 @@ import numpy as np
 
 from mlm_jax import model as model_lib
 from mlm_jax.data import paths
-from mlm_jax.data import prepared
 from mlm_jax.interop import hf
 from mlm_jax.interop import hub
 
@@ -346,7 +345,7 @@ def _copy_down(url: str, flag: str) -> str:
   """The local copy of the file at `url`, made unless one of its size is there; written under
   another name and renamed, so that an interrupted copy is never taken as complete."""
   digest = hashlib.sha256(url.encode()).hexdigest()[:16]
-  local = os.path.join(prepared.cache_root(), 'remote', f'{digest}-{os.path.basename(url)}')
+  local = os.path.join(paths.cache_root(), 'remote', f'{digest}-{os.path.basename(url)}')
   try:
     size = paths.size(url)
   except Exception as e:  # pylint: disable=broad-except  # fsspec back ends raise their own.
