@@ -382,7 +382,8 @@ def _init() -> ml_collections.ConfigDict:
   Each decides the architecture, shape, vocabulary and positions (hf_dir and
   workdir the tokenizer too); the config gives the recipe (optimizer,
   schedule, masking, batch, data, seq_len up to the checkpoint's positions).
-  The optimizer starts fresh, but for a Composer checkpoint's (init.composer).
+  The optimizer starts fresh, but for a Composer checkpoint's (init.composer)
+  and a branch of a run (init.branch).
   """
   init = ml_collections.ConfigDict()
   # A Hugging Face directory to continue pretraining from (BertForMaskedLM,
@@ -395,6 +396,15 @@ def _init() -> ml_collections.ConfigDict:
   # An mlm_jax run directory whose latest checkpoint's weights (not its
   # optimizer or step) start this run, e.g. on a new corpus.
   init.workdir = ''
+  # The checkpoint of init.workdir to start from (0: its latest).
+  init.step = 0
+  # Branch init.workdir's run at init.step: carry everything a resume carries
+  # (weights, optimizer moments and step, moving average), so this run goes on
+  # from that step as that run would have, its train.num_steps and config.phases
+  # counting that run's steps too; e.g. decay branches of one trunk, each in its
+  # own workdir, then merged (docs/recipes.md). False: the weights only, the
+  # optimizer fresh at step 0.
+  init.branch = False
   # A Composer training checkpoint of FlexBERT (ModernBERT, Ettin, mmBERT) to
   # continue: a local .pt, a bucket URL (gs://...) or a hub file
   # org/name[@revision]/path/in/repo.pt. Its weights, and where the file holds

@@ -118,10 +118,30 @@ def check_init(config: ml_collections.ConfigDict) -> None:
     require(os.path.isdir(os.path.expanduser(init.hf_dir)) or hub.is_hub_id(init.hf_dir),
             f'config.init.hf_dir={init.hf_dir!r}: no such directory, nor a hub id '
             '(org/name or org/name@revision).')
+  require(init.workdir or not (init.step or init.branch),
+          f'config.init.step={init.step} and config.init.branch={init.branch} name a checkpoint '
+          'of config.init.workdir, which is not set: give the --workdir of the run to start from.')
   if init.workdir:
     require(os.path.isfile(os.path.join(os.path.expanduser(init.workdir), 'config.json')),
             f'config.init.workdir={init.workdir!r} is not an mlm_jax run directory (no '
             'config.json): give the --workdir of an earlier training run.')
+    steps = saved_steps(init.workdir)
+    require(bool(steps), f'config.init.workdir={init.workdir!r} holds no checkpoint.')
+    require(init.step == 0 or init.step in steps,
+            f'config.init.step={init.step}: {init.workdir} holds checkpoints of steps '
+            f'{", ".join(map(str, steps))}; give one of them (0: the latest).')
+  if init.branch:
+    require(not config.tokenizer.add_tokens,
+            'config.tokenizer.add_tokens would grow the embedding table of the run that '
+            'config.init.branch continues, whose moments are kept row for row: add the words in '
+            'a run started from its weights alone (config.init.branch=False).')
+
+
+def saved_steps(workdir: str) -> list[int]:
+  """The steps of a run's checkpoints (WORKDIR/checkpoints/<step>/), ascending."""
+  folder = os.path.join(os.path.expanduser(workdir), 'checkpoints')
+  names = os.listdir(folder) if os.path.isdir(folder) else []
+  return sorted(int(name) for name in names if name.isdigit())
 
 
 def _check_composer(config: ml_collections.ConfigDict) -> None:

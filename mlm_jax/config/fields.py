@@ -194,6 +194,8 @@ TABLE: dict[str, dict[str, Field]] = {
     'init': {
         'hf_dir': _f(RECIPE, phase=FIXED),
         'workdir': _f(RECIPE, phase=FIXED),
+        'step': _f(RECIPE, 0, phase=FIXED),        # Runs saved before it: their init's latest.
+        'branch': _f(RECIPE, False, phase=FIXED),  # Runs saved before it: weights only.
         'composer': _f(RECIPE, '', phase=FIXED),  # Runs saved before it started from no file.
     },
     'eval': {

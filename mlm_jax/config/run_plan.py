@@ -104,7 +104,7 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int | None,
   else:
     checks.validate(config, num_devices=num_devices)
   run = plan_run(config, workdir)
-  if init.composer:
+  if init.composer or init.branch:
     _check_start(run, source)
   return run
 
@@ -119,8 +119,9 @@ def _from_checkpoint(config: ml_collections.ConfigDict, overrides: set[str],
                                    init_source.tokenizer_path)
   config = config.copy_and_resolve_references()
   for key, pinned in init_source.pinned.items():
-    # The commit a hub id resolved to, recorded in the run's config.json: a resumed or
-    # re-read run reads exactly these files again, whatever the branch points to later.
+    # The commit a hub id resolved to (a branched run's step), recorded in the run's
+    # config.json: a resumed or re-read run reads exactly these files again, whatever the
+    # hub's branch points to (or the run has saved) later.
     logging.info('config.init.%s=%r is %s, read from %s', key, config.init[key], pinned,
                  source)
     config.init[key] = pinned
@@ -162,12 +163,13 @@ def _from_checkpoint(config: ml_collections.ConfigDict, overrides: set[str],
 @dataclasses.dataclass(frozen=True)
 class _Source:
   """config.init's model: where it is, the config.model fields it decides or suggests, its
-  tokenizer's path, {config.init field: the pinned hub name 'org/name@commit[/path]'} for
-  hub names, and the step its run stands at (a Composer checkpoint's; else 0)."""
+  tokenizer's path, {config.init field: its pinned value} (a hub name's 'org/name@commit[/path]',
+  a branch's step), and the step its run goes on from (a Composer checkpoint's or a branched
+  run's; else 0)."""
   where: str
   fields: dict[str, Any]
   tokenizer_path: str
-  pinned: dict[str, str]
+  pinned: dict[str, Any]
   step: int = 0
 
 
@@ -203,7 +205,32 @@ def _init_source(config: ml_collections.ConfigDict) -> _Source:
   require(tokenizer_path is not None,
           f'config.init.workdir={init.workdir!r} holds no tokenizer (tokenizer.model or '
           'tokenizer/): it was not written by a training run.')
-  return _Source(workdir, found, tokenizer_path, {})
+  if not init.branch:
+    return _Source(workdir, found, tokenizer_path, {})
+  _check_branch(config, run, workdir)
+  # The step pinned, as a hub name is: a rerun branches where the first did, whatever that
+  # run has saved since.
+  step = init.step or checks.saved_steps(workdir)[-1]
+  return _Source(workdir, found, tokenizer_path, {'step': step}, step=step)
+
+
+def _check_branch(config: ml_collections.ConfigDict, run: ml_collections.ConfigDict,
+                  workdir: str) -> None:
+  """A branch carries the run's train state as it is: what lays that state out (the
+  optimizer, the moving average, the sentence-pair head, stacked layers) must be the run's."""
+  ours = {'train.optimizer': config.train.optimizer,
+          'train.ema_decay > 0': config.train.ema_decay > 0,
+          'sentence_pair.task': config.sentence_pair.task,
+          'model.scan_layers': config.model.scan_layers}
+  theirs = {'train.optimizer': run.train.optimizer,
+            'train.ema_decay > 0': run.train.ema_decay > 0,
+            'sentence_pair.task': run.sentence_pair.task,
+            'model.scan_layers': run.model.scan_layers}
+  differ = [f'config.{k}: {ours[k]!r}, the run\'s {theirs[k]!r}' for k in ours
+            if ours[k] != theirs[k]]
+  require(not differ, f'config.init.branch continues the train state of {workdir}, laid out '
+          f'otherwise ({"; ".join(differ)}): use that run\'s settings, or start from its '
+          'weights alone (config.init.branch=False).')
 
 
 def _composer_source(config: ml_collections.ConfigDict) -> _Source:
@@ -235,14 +262,17 @@ def _composer_source(config: ml_collections.ConfigDict) -> _Source:
 
 
 def _check_start(run: RunPlan, source: _Source) -> None:
-  """A run that goes on from a Composer checkpoint's step must have steps after it."""
+  """A run that goes on from a Composer checkpoint's or a branched run's step must have steps
+  after it."""
   end, step = run.plan.num_steps, source.step
-  what = ("config.phases end at step {end:,} (their steps count from the file's first step)"
-          if run.plan.phased else 'config.train.num_steps={end:,} (it counts the file\'s steps '
+  what = ("config.phases end at step {end:,} (their steps count from its first step)"
+          if run.plan.phased else 'config.train.num_steps={end:,} (it counts its steps '
           'too)').format(end=end)
+  start = ('the Composer checkpoint in' if run.config.init.composer else
+           'config.init.branch continues the run in')
   require(step < end,
-          f'the Composer checkpoint in {source.where} stands at step {step:,}, and the run goes '
-          f'on from there, but {what}: train to step {step:,} + the steps to take.')
+          f'{start} {source.where} at step {step:,}, and the run goes on from there, but '
+          f'{what}: train to step {step:,} + the steps to take.')
 
 
 def _check_vocab(config: ml_collections.ConfigDict, source: str) -> None:

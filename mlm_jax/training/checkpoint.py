@@ -12,7 +12,8 @@ What must stay true, whatever happens to the process or the disk:
   - a checkpoint that does not read is renamed `<step>.unreadable`, never
     deleted, and the run resumes from the newest one that reads;
   - rotation keeps the checkpoint a run resumed from (the last one known to
-    read) besides the newest `train.keep_checkpoints`.
+    read) and the steps it is told to keep (a run in phases: each phase's
+    last, where a branch may start) besides the newest `train.keep_checkpoints`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -59,9 +61,12 @@ class Checkpointer:
   the first call after it ended (should_save, save or wait).
   """
 
-  def __init__(self, directory: str, train: ml_collections.ConfigDict):
+  def __init__(self, directory: str, train: ml_collections.ConfigDict,
+               keep_steps: Sequence[int] = ()):
+    """`keep_steps`: steps never rotated away once saved, besides the newest."""
     self.directory = os.path.abspath(directory)
     self._every, self._keep = train.checkpoint_every, train.keep_checkpoints
+    self._keep_steps = list(keep_steps)
     self._in_flight: int | None = None    # The step of a save not yet known to be complete.
     self._failed = False
     self._size: int | None = None         # Bytes on disk of the newest complete checkpoint.
@@ -74,8 +79,9 @@ class Checkpointer:
 
   def _make_manager(self, known_good: int | None) -> tuple[Any, ocp.CheckpointManager]:
     keep = [ocp.checkpoint_managers.LatestN(n=self._keep)]
-    if known_good is not None:
-      keep.append(ocp.checkpoint_managers.CustomSteps(steps=[known_good]))
+    kept = self._keep_steps + ([known_good] if known_good is not None else [])
+    if kept:
+      keep.append(ocp.checkpoint_managers.CustomSteps(steps=kept))
     policy = ocp.checkpoint_managers.AnyPreservationPolicy(keep)
     manager = ocp.CheckpointManager(
         self.directory,
@@ -303,6 +309,39 @@ def _tree(state: Any) -> dict:
   if getattr(state, 'ema_params', None) is not None:  # Only where kept: old checkpoints read.
     tree['ema_params'] = state.ema_params
   return tree
+
+
+def restore_state(directory: str, step: int, abstract: Any, meta: dict) -> Any:
+  """The train state of checkpoint `step` in `directory`, restored into the shardings of
+  `abstract` (jax.ShapeDtypeStruct leaves): another run's, which a branch continues.
+
+  Reads only: nothing in `directory` is renamed or removed. A checkpoint that
+  does not fit `meta` or the state's structure raises CheckpointMismatchError,
+  one that does not read CheckpointReadError, each in one line.
+  """
+  directory, where = os.path.abspath(directory), f'{os.path.abspath(directory)}/{step}'
+  manager = ocp.CheckpointManager(
+      directory, item_handlers={'state': ocp.StandardCheckpointHandler(),
+                                'meta': ocp.JsonCheckpointHandler()},
+      options=ocp.CheckpointManagerOptions(create=False))
+  try:
+    try:
+      saved_meta = manager.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))['meta']
+      saved_tree = manager.item_metadata(step)['state'].tree
+    except Exception as e:  # pylint: disable=broad-exception-caught  # Any reason it does not read.
+      raise CheckpointReadError(f'checkpoint {where} does not read ({_reason(e)}).') from e
+    check_meta(saved_meta, meta, where)
+    target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _tree(abstract))
+    _check_structure(target, saved_tree, where)
+    try:
+      restored = manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target)))['state']
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      raise CheckpointReadError(f'checkpoint {where} does not read ({_reason(e)}).') from e
+  finally:
+    manager.close()
+  return abstract.replace(**restored)
 
 
 def save_weights(directory: str, step: int, params: Any, meta: dict) -> None:

@@ -2,8 +2,9 @@
 
 config.init.hf_dir (BertForMaskedLM, RobertaForMaskedLM, ModernBertForMaskedLM
 in safetensors or pytorch_model.bin; a directory or a hub id, interop/hub.py)
-or config.init.workdir (the latest checkpoint of an mlm_jax run). Weights
-only: the optimizer state stays as created (zero moments, step 0), so the
+or config.init.workdir (checkpoint config.init.step, else the latest, of an
+mlm_jax run; config.init.branch carries its whole state instead:
+training/loop.py). Weights only: the optimizer state stays as created (zero moments, step 0), so the
 schedule's warm-up starts again. configuration.resolve has
 already made config.model the checkpoint's shape; `model_cfg` differs from
 it only in the vocabulary, when words added to the tokenizer
@@ -58,7 +59,8 @@ def initial_state(state: Any, config: ml_collections.ConfigDict,
     resolved = _resolve_hub(config.init.hf_dir)
     params, where = _from_hf(resolved, config.init.hf_dir, source_cfg, heads), resolved
   else:
-    params, where = _from_run(config.init.workdir, source_cfg, heads), config.init.workdir
+    params, where = (_from_run(config.init.workdir, source_cfg, heads, config.init.step),
+                     config.init.workdir)
   state = place(state, grow_vocab(params, source_cfg, model_cfg, added))
   grown = f'; {len(added)} added tokens' if added else ''
   logging.info('Initialised from %s (%s, %d layers, vocabulary %d%s); optimizer fresh', where,
@@ -107,9 +109,10 @@ def _from_hf(hf_dir: str, flag_value: str, cfg: model_lib.ModelConfig, heads: Pa
     raise ConfigError(f'config.init.hf_dir={flag_value!r}: {e}') from e
 
 
-def _from_run(workdir: str, cfg: model_lib.ModelConfig, heads: Params) -> Params:
-  """The latest checkpoint's params of an mlm_jax run, laid out as `cfg` wants them."""
-  run = workdir_lib.load(os.path.expanduser(workdir))
+def _from_run(workdir: str, cfg: model_lib.ModelConfig, heads: Params, step: int = 0) -> Params:
+  """The params of checkpoint `step` (0: the latest) of an mlm_jax run, laid out as `cfg`
+  wants them."""
+  run = workdir_lib.load(os.path.expanduser(workdir), step or None)
   params = run.params
   if run.model_cfg.scan_layers:
     params = model_lib.unstack_layers(params, run.model_cfg.num_layers)

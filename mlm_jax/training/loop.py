@@ -86,8 +86,12 @@ def _train_phase(workdir: str, plan: phases.Plan, phase: phases.Phase) -> _Phase
   data, masker, mesh, built = _build(config, plan, phase)
   workdir_lib.check_tokenizer(workdir, data.tokenizer)
   # ---------------------------------------------------------------- resume
-  checkpointer = checkpoint.Checkpointer(workdir_lib.checkpoint_dir(workdir), config.train)
-  state, start_step, restored = _resume(built, checkpointer, config, data, plan, phase)
+  # Each phase's last checkpoint is kept: a branch (config.init.branch) may start there.
+  checkpointer = checkpoint.Checkpointer(
+      workdir_lib.checkpoint_dir(workdir), config.train,
+      keep_steps=[p.end_step for p in plan.phases] if plan.phased else ())
+  state, start_step, restored = _resume(workdir, built, checkpointer, config, data, plan,
+                                        phase)
   if start_step < phase.start_step:  # The phase's checkpoint did not read: an earlier phase's.
     checkpointer.close()
     return _PhaseEnd({}, stopped=False, finished=False)
@@ -280,26 +284,40 @@ def _prepared_data(config: ml_collections.ConfigDict) -> prepared.PreparedData:
 
 def _first_step(config: ml_collections.ConfigDict, workdir: str) -> int:
   """The step the run goes on from: its latest checkpoint's, else a Composer checkpoint's
-  (config.init.composer, read once per process), else 0."""
+  (config.init.composer, read once per process) or the branched run's (config.init.branch:
+  its step, which run_plan pinned), else 0."""
   latest = checkpoint.latest_step(workdir_lib.checkpoint_dir(workdir))
-  if latest or not config.init.composer:
+  if latest:
     return latest
-  return composer_init.read(config.init.composer).step
+  if config.init.branch:
+    return config.init.step
+  if config.init.composer:
+    return composer_init.read(config.init.composer).step
+  return 0
 
 
-def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
+def _resume(workdir: str, built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
             config: ml_collections.ConfigDict, data: prepared.PreparedData, plan: phases.Plan,
             phase: phases.Phase) -> tuple[Any, int, bool]:
   """(state, step, restored): this workdir's latest checkpoint, else config.init's weights
-  (a Composer checkpoint's with its optimizer and step: the run goes on from there), else
-  fresh."""
-  # The newest checkpoint that reads (any newer that does not is set aside), else a fresh state
-  # made under jit straight into its sharding.
-  state, start_step = checkpointer.restore_or_init(
-      built.abstract_state, built.init_state, fields.shape_record(built.model_cfg))
+  (a Composer checkpoint's with its optimizer and step, or a branched run's whole state: the
+  run goes on from there), else fresh."""
+  meta, init = fields.shape_record(built.model_cfg), config.init
+  fresh = built.init_state  # Made under jit straight into its sharding.
+  if init.branch:  # That run's state, restored straight into this run's sharding.
+    fresh = functools.partial(checkpoint.restore_state, workdir_lib.checkpoint_dir(
+        os.path.expanduser(init.workdir)), init.step, built.abstract_state, meta)
+  # The newest checkpoint that reads (any newer that does not is set aside), else `fresh`.
+  state, start_step = checkpointer.restore_or_init(built.abstract_state, fresh, meta)
   restored = bool(start_step)
   if restored:
     logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
+  elif init.branch:
+    start_step = init.step
+    if jax.process_index() == 0:
+      metrics.start_from(os.path.expanduser(init.workdir), workdir, start_step)
+    logging.info('Branched from %s at step %d: its weights, optimizer state and step',
+                 init.workdir, start_step)
   elif config.init.composer:
     # The optimizer's schedule counts from its last fresh start (build.py); the metrics' from 0.
     state, start_step = composer_init.continue_run(

@@ -135,6 +135,25 @@ class _TensorBoard:
       self._writer.close()
 
 
+def start_from(source_workdir: str, workdir: str, step: int) -> None:
+  """Starts WORKDIR/metrics.jsonl with the records of `source_workdir` up to `step`, in order:
+  a branch of that run (config.init.branch) goes on from its history (its tokens seen, its
+  curves). Nothing when WORKDIR already has metrics, or the source none.
+
+  Written whole under a temporary name, then renamed.
+  """
+  source, path = (os.path.join(source_workdir, 'metrics.jsonl'),
+                  os.path.join(workdir, 'metrics.jsonl'))
+  if os.path.exists(path) or not os.path.exists(source):
+    return
+  with open(source) as f:
+    lines = [line for line in f if line.strip() and int(json.loads(line)['step']) <= step]
+  os.makedirs(workdir, exist_ok=True)
+  with open(f'{path}.tmp', 'w') as f:
+    f.writelines(line if line.endswith('\n') else line + '\n' for line in lines)
+  os.replace(f'{path}.tmp', path)
+
+
 def read_metrics(workdir: str) -> dict[str, dict[int, float]]:
   """{key: {step: value}} of the numeric values in WORKDIR/metrics.jsonl.
 
