@@ -59,8 +59,9 @@ def test_bad_branches_are_refused_in_one_line(micro_run, corpus_glob, tmp_path):
                                         r'8; give one of them \(0: the latest\)'):
     run_plan.resolve(config, 8)
   config = _branch_config(corpus_glob, data_dir, micro_run, 8)   # Nothing left to train.
-  with pytest.raises(ConfigError, match=r'continues the run in .* at step 8, .* '
-                                        r'config.train.num_steps=8 .* train to step 8 \+'):
+  with pytest.raises(ConfigError, match=r"continues the run in .* at step 8, .*"
+                                        r"num_steps=8 \(it counts that run's steps too\): "
+                                        r"train to step 8 \+"):
     run_plan.resolve(config, 8)
   config = _branch_config(corpus_glob, data_dir, micro_run, 0)
   config.train.optimizer = 'stable_adamw'

@@ -265,14 +265,16 @@ def _check_start(run: RunPlan, source: _Source) -> None:
   """A run that goes on from a Composer checkpoint's or a branched run's step must have steps
   after it."""
   end, step = run.plan.num_steps, source.step
-  what = ("config.phases end at step {end:,} (their steps count from its first step)"
-          if run.plan.phased else 'config.train.num_steps={end:,} (it counts its steps '
-          'too)').format(end=end)
-  start = ('the Composer checkpoint in' if run.config.init.composer else
-           'config.init.branch continues the run in')
+  composer = bool(run.config.init.composer)
+  counted = "the file's" if composer else "that run's"
+  what = (f'config.phases end at step {end:,} (their steps count from {counted} first step)'
+          if run.plan.phased else f'config.train.num_steps={end:,} (it counts {counted} steps '
+          'too)')
+  start = ('the Composer checkpoint in {} stands' if composer else
+           'config.init.branch continues the run in {}').format(source.where)
   require(step < end,
-          f'{start} {source.where} at step {step:,}, and the run goes on from there, but '
-          f'{what}: train to step {step:,} + the steps to take.')
+          f'{start} at step {step:,}, and the run goes on from there, but {what}: train to step '
+          f'{step:,} + the steps to take.')
 
 
 def _check_vocab(config: ml_collections.ConfigDict, source: str) -> None:

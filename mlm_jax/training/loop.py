@@ -90,8 +90,9 @@ def _train_phase(workdir: str, plan: phases.Plan, phase: phases.Phase) -> _Phase
   checkpointer = checkpoint.Checkpointer(
       workdir_lib.checkpoint_dir(workdir), config.train,
       keep_steps=[p.end_step for p in plan.phases] if plan.phased else ())
-  state, start_step, restored = _resume(workdir, built, checkpointer, config, data, plan,
-                                        phase)
+  state, start_step, restored = _resume(built, checkpointer, config, data, plan, phase)
+  if config.init.branch and not restored and is_main:  # Its history up to the branch.
+    metrics.start_from(os.path.expanduser(config.init.workdir), workdir, start_step)
   if start_step < phase.start_step:  # The phase's checkpoint did not read: an earlier phase's.
     checkpointer.close()
     return _PhaseEnd({}, stopped=False, finished=False)
@@ -296,7 +297,7 @@ def _first_step(config: ml_collections.ConfigDict, workdir: str) -> int:
   return 0
 
 
-def _resume(workdir: str, built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
+def _resume(built: build_lib.Built, checkpointer: checkpoint.Checkpointer,
             config: ml_collections.ConfigDict, data: prepared.PreparedData, plan: phases.Plan,
             phase: phases.Phase) -> tuple[Any, int, bool]:
   """(state, step, restored): this workdir's latest checkpoint, else config.init's weights
@@ -314,8 +315,6 @@ def _resume(workdir: str, built: build_lib.Built, checkpointer: checkpoint.Check
     logging.info('Resumed from %s at step %d', checkpointer.directory, start_step)
   elif init.branch:
     start_step = init.step
-    if jax.process_index() == 0:
-      metrics.start_from(os.path.expanduser(init.workdir), workdir, start_step)
     logging.info('Branched from %s at step %d: its weights, optimizer state and step',
                  init.workdir, start_step)
   elif config.init.composer:
