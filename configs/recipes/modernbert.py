@@ -29,9 +29,10 @@ d=1,024, 16 heads, GeGLU 2,624.
   decay     50B      8,192  30%      1-sqrt from 5e-5 to 0.001 x   624
 
 ModernBERT-large started from ModernBERT-base's pretraining checkpoint,
-widened (init_from_checkpoint, mode tile_weights_from_middle): mlm_jax
-cannot widen a checkpoint, so `:large` starts from a random initialisation;
-docs/recipes.md gives the command sequence and what is missing.
+widened (init_from_checkpoint, mode tile_weights_from_middle): `:large` alone
+starts from a random initialisation; `python -m mlm_jax.widen` widens a base
+run's checkpoint as the source did, and --config.init.workdir starts `:large`
+from it (docs/recipes.md gives the command sequence).
 
 Tiny (`:tiny`): the same three phases on the built-in corpus with
 configs/tiny.py's model, 128 -> 256 tokens, 30% -> 15% masking in the decay
