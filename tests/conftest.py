@@ -15,7 +15,7 @@ import tempfile
 # sharding are the same; the executables' arithmetic may differ from a default build's in the
 # last bits, and every run of a session compiles alike. Their matrices are too small for
 # Eigen's thread pool, whose threads only contend with the other xdist worker's: each runs on
-# its caller's thread (the finetune and recipe modules: 221 s -> 204 s on the 2-core Zen 3).
+# its caller's thread.
 COMPILE_FLAGS = ('--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true '
                  '--xla_cpu_use_fusion_emitters=false --xla_cpu_multi_thread_eigen=false')
 

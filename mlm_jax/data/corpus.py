@@ -213,6 +213,12 @@ def stdlib_docstrings() -> Iterator[str]:
     yield from table[path] if table is not None else docstrings_of(path)
 
 
+def docstring_cache(digest: str) -> str:
+  """The cache file of the docstrings of the stdlib files whose _stat_digest is `digest`."""
+  version = '.'.join(map(str, sys.version_info[:3]))
+  return os.path.join(paths.cache_root(), 'corpus', f'stdlib-docstrings-{version}-{digest}.json')
+
+
 @functools.lru_cache(maxsize=1)
 def _docstring_table(files: tuple[str, ...], digest: str,
                      build: bool) -> dict[str, list[str]] | None:
@@ -223,8 +229,7 @@ def _docstring_table(files: tuple[str, ...], digest: str,
   that fill it at once each see a complete one; a cache that cannot be read or written is
   passed over (it only saves time).
   """
-  version = '.'.join(map(str, sys.version_info[:3]))
-  path = os.path.join(paths.cache_root(), 'corpus', f'stdlib-docstrings-{version}-{digest}.json')
+  path = docstring_cache(digest)
   try:
     with open(path, encoding='utf-8') as f:
       table = json.load(f)
