@@ -10,6 +10,7 @@ import types
 
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import pytest
 
 from mlm_jax.config import run_plan
@@ -84,3 +85,30 @@ def test_the_checkpoints_a_run_is_told_to_keep_outlive_rotation(tmp_path):
     saver.wait()
   saver.close()
   assert sorted(os.listdir(tmp_path)) == ['4', '8']
+
+
+def test_a_branch_draws_a_mixtures_streams_on_from_its_trunks_hand_over(tmp_path):
+  """A branch at a phase boundary whose phase reads the rows of the one before continues each
+  source's stream from the hand-over its trunk recorded there, as the trunk's own phase does."""
+  from mlm_jax.config import phases
+  from mlm_jax.training import loop
+  from mlm_jax.training import mixture_run
+  from mlm_jax.training import workdir as workdir_lib
+  from tests.test_mixture import _three_sources
+  config, data = _three_sources(tmp_path, temperature=1.0)
+  data.num_parts = 3
+  config.phases = (dict(name='near', steps=6), dict(name='far', steps=6, overrides=dict(
+      data=dict(temperature=4.0))))
+  plan = phases.Plan(config)
+  near, far = plan.phases
+  trunk, branch = str(tmp_path / 'trunk'), str(tmp_path / 'branch')
+  os.makedirs(trunk)
+  first = mixture_run.MixtureRun(near.config, data, 0, {},
+                                 position_of=lambda s: int(plan.rows_before(s)))
+  loop._hand_over(trunk, plan, near, first)  # pylint: disable=protected-access
+  workdir_lib.start_handovers_from(trunk, branch, far.index)
+  ours = loop._mixture(branch, data, plan, far, far.start_step, {})  # pylint: disable=protected-access
+  theirs = loop._mixture(trunk, data, plan, far, far.start_step, {})  # pylint: disable=protected-access
+  assert ours.mix.start_position == theirs.mix.start_position == int(plan.rows_before(6))
+  np.testing.assert_array_equal(ours.mix.rows_before, theirs.mix.rows_before)
+  assert np.any(ours.mix.rows_before)

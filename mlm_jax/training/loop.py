@@ -91,8 +91,11 @@ def _train_phase(workdir: str, plan: phases.Plan, phase: phases.Phase) -> _Phase
       workdir_lib.checkpoint_dir(workdir), config.train,
       keep_steps=[p.end_step for p in plan.phases] if plan.phased else ())
   state, start_step, restored = _resume(built, checkpointer, config, data, plan, phase)
-  if config.init.branch and not restored and is_main:  # Its history up to the branch.
-    metrics.start_from(os.path.expanduser(config.init.workdir), workdir, start_step)
+  branched = bool(config.init.branch) and not restored
+  if branched and is_main:  # Its history up to the branch: metrics and a mixture's hand-overs.
+    trunk = os.path.expanduser(config.init.workdir)
+    metrics.start_from(trunk, workdir, start_step)
+    workdir_lib.start_handovers_from(trunk, workdir, phase.index)
   if start_step < phase.start_step:  # The phase's checkpoint did not read: an earlier phase's.
     checkpointer.close()
     return _PhaseEnd({}, stopped=False, finished=False)
@@ -108,9 +111,10 @@ def _train_phase(workdir: str, plan: phases.Plan, phase: phases.Phase) -> _Phase
   _log_start(data, built, state, mesh)
   # ------------------------------------------------------------------ loop
   train, series = config.train, metrics.read_metrics(workdir)
-  # None: one corpus. A run that starts in a later phase (from a Composer checkpoint's step)
-  # has no hand-over from the phase before.
-  mixed = _mixture(workdir, data, plan, phase, start_step, series, handed_over=restored)
+  # None: one corpus. A run that starts in a later phase from a Composer checkpoint's step has
+  # no hand-over from the phase before; a branch has its trunk's.
+  mixed = _mixture(workdir, data, plan, phase, start_step, series,
+                   handed_over=restored or branched)
   # The stream rows of each step's batch (a growing batch pads the micro-batches it leaves).
   positions = functools.partial(plan.positions, capacity=train.batch_size,
                                 micro_batches=train.grad_accum_steps)

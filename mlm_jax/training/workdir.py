@@ -80,6 +80,18 @@ def record_handover(workdir: str, phase_index: int, handover: dict[str, Any]) ->
   _write_json(path, records)
 
 
+def start_handovers_from(source_workdir: str, workdir: str, up_to_phase: int) -> None:
+  """Starts WORKDIR/handover.json with `source_workdir`'s hand-overs into phases up to
+  `up_to_phase`: a branch of that run (config.init.branch) draws a mixture's streams on from
+  where that run's stood. Nothing when WORKDIR already has hand-overs, or the source none."""
+  if os.path.exists(os.path.join(workdir, HANDOVER_FILE)):
+    return
+  kept = {k: v for k, v in read_handovers(source_workdir).items() if int(k) <= up_to_phase}
+  if kept:
+    os.makedirs(workdir, exist_ok=True)
+    _write_json(os.path.join(workdir, HANDOVER_FILE), kept)
+
+
 def read_handovers(workdir: str) -> dict[str, dict[str, Any]]:
   """{phase index: the hand-over recorded at its start} (record_handover); {} if none."""
   path = os.path.join(workdir, HANDOVER_FILE)
