@@ -123,6 +123,7 @@ def test_a_widened_run_exports_the_tensors_modernberts_tiling_gives(modern_micro
   assert (record['workdir'], record['layers']) == (modern_micro_run, [0, 1, 1])
 
 
+@pytest.mark.slow
 def test_what_does_not_widen_is_refused_in_one_line(micro_run, modern_micro_run, tmp_path):
   with pytest.raises(ConfigError, match="is a 'bert' model: widening tiles ModernBERT's layers"):
     widen.widen_run(micro_run, str(tmp_path / 'a'), {'hidden_size': 64})
