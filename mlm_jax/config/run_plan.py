@@ -218,16 +218,12 @@ def _check_branch(config: ml_collections.ConfigDict, run: ml_collections.ConfigD
                   workdir: str) -> None:
   """A branch carries the run's train state as it is: what lays that state out (the
   optimizer, the moving average, the sentence-pair head, stacked layers) must be the run's."""
-  ours = {'train.optimizer': config.train.optimizer,
-          'train.ema_decay > 0': config.train.ema_decay > 0,
-          'sentence_pair.task': config.sentence_pair.task,
-          'model.scan_layers': config.model.scan_layers}
-  theirs = {'train.optimizer': run.train.optimizer,
-            'train.ema_decay > 0': run.train.ema_decay > 0,
-            'sentence_pair.task': run.sentence_pair.task,
-            'model.scan_layers': run.model.scan_layers}
-  differ = [f'config.{k}: {ours[k]!r}, the run\'s {theirs[k]!r}' for k in ours
-            if ours[k] != theirs[k]]
+  layout = {'train.optimizer': lambda c: c.train.optimizer,
+            'train.ema_decay > 0': lambda c: c.train.ema_decay > 0,
+            'sentence_pair.task': lambda c: c.sentence_pair.task,
+            'model.scan_layers': lambda c: c.model.scan_layers}
+  differ = [f'config.{k}: {of(config)!r}, the run\'s {of(run)!r}' for k, of in layout.items()
+            if of(config) != of(run)]
   require(not differ, f'config.init.branch continues the train state of {workdir}, laid out '
           f'otherwise ({"; ".join(differ)}): use that run\'s settings, or start from its '
           'weights alone (config.init.branch=False).')

@@ -181,23 +181,7 @@ class Checkpointer:
 
   def _try_restore(self, step: int, state: Any, meta: dict) -> tuple[Any, str]:
     """(restored state, '') or (None, why it does not read), the same on every process."""
-    where = f'{self.directory}/{step}'
-    restored, reason = None, ''
-    try:
-      saved_meta = self._manager.restore(
-          step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
-      saved_tree = self._manager.item_metadata(step)['state'].tree
-    except Exception as e:  # pylint: disable=broad-exception-caught  # Any reason it does not read.
-      saved_meta, reason = None, _reason(e)
-    if saved_meta is not None:
-      check_meta(saved_meta, meta, where)
-      target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _tree(state))
-      _check_structure(target, saved_tree, where)
-      try:
-        restored = state.replace(**self._manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))['state'])
-      except Exception as e:  # pylint: disable=broad-exception-caught
-        reason = _reason(e)
+    restored, reason = _read_state(self._manager, step, state, meta, f'{self.directory}/{step}')
     if not _on_every_process(restored is not None) and restored is not None:
       restored, reason = None, 'it does not read on another process'
     return restored, reason
@@ -325,23 +309,31 @@ def restore_state(directory: str, step: int, abstract: Any, meta: dict) -> Any:
                                 'meta': ocp.JsonCheckpointHandler()},
       options=ocp.CheckpointManagerOptions(create=False))
   try:
-    try:
-      saved_meta = manager.restore(step, args=ocp.args.Composite(
-          meta=ocp.args.JsonRestore()))['meta']
-      saved_tree = manager.item_metadata(step)['state'].tree
-    except Exception as e:  # pylint: disable=broad-exception-caught  # Any reason it does not read.
-      raise CheckpointReadError(f'checkpoint {where} does not read ({_reason(e)}).') from e
-    check_meta(saved_meta, meta, where)
-    target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _tree(abstract))
-    _check_structure(target, saved_tree, where)
-    try:
-      restored = manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target)))['state']
-    except Exception as e:  # pylint: disable=broad-exception-caught
-      raise CheckpointReadError(f'checkpoint {where} does not read ({_reason(e)}).') from e
+    restored, reason = _read_state(manager, step, abstract, meta, where)
   finally:
     manager.close()
-  return abstract.replace(**restored)
+  if restored is None:
+    raise CheckpointReadError(f'checkpoint {where} does not read ({reason}).')
+  return restored
+
+
+def _read_state(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict,
+                where: str) -> tuple[Any, str]:
+  """(`state` with checkpoint `step`'s arrays in its shardings, '') or (None, why it does not
+  read); CheckpointMismatchError at once for one that does not fit `meta` or the structure."""
+  try:
+    saved_meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+    saved_tree = manager.item_metadata(step)['state'].tree
+  except Exception as e:  # pylint: disable=broad-exception-caught  # Any reason it does not read.
+    return None, _reason(e)
+  check_meta(saved_meta, meta, where)
+  target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _tree(state))
+  _check_structure(target, saved_tree, where)
+  try:
+    return state.replace(**manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))['state']), ''
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    return None, _reason(e)
 
 
 def save_weights(directory: str, step: int, params: Any, meta: dict) -> None:
