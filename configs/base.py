@@ -98,6 +98,17 @@ def _data() -> ml_collections.ConfigDict:
   data.tfds_export = False
   # Tokens per row, [CLS] and [SEP] included (T).
   data.seq_len = 128
+  # How documents become rows of T ids: 'packed' (documents one after another
+  # with [SEP] between them, every row full: RoBERTa's FULL-SENTENCES) or
+  # 'document_chunks' (each document cut into chunks of T - 2 ids, one row
+  # each, [CLS] chunk [SEP] then [PAD]: BERT's and Ettin's rows; data/packing.py).
+  data.row_layout = 'packed'
+  # 'document_chunks': a document's later chunk shorter than this takes a
+  # share of the chunk before it (Ettin's backfill: 512). 0: none.
+  data.chunk_min_tokens = 0
+  # 'document_chunks': a document's later chunk shorter than this is dropped
+  # (Ettin: 128). 0: none.
+  data.chunk_drop_tokens = 0
   # Fraction of documents held out for evaluation.
   data.val_fraction = 0.02
   # Seed of the train/validation split of documents.

@@ -66,6 +66,31 @@ def test_the_ettin_sizes_have_their_published_shapes():
   assert _config('ettin').to_dict() == _config('ettin', '150m').to_dict()
 
 
+@pytest.mark.parametrize('size', list(ettin.SIZES))
+def test_ettin_reads_a_chunk_of_one_document_a_row_in_every_phase(size):
+  """split_dataset_into_chunks -m 512 -a 128 --backfill --backfill_no_duplicates, unpacked
+  (sequence_packing: false); ModernBERT and mmBERT pack."""
+  for phase in phases.Plan(_config('ettin', size)).phases:
+    d = phase.config.data
+    assert (d.row_layout, d.chunk_min_tokens, d.chunk_drop_tokens) == (
+        'document_chunks', 512, 128), phase.name
+  for name in ('modernbert', 'mmbert'):
+    assert all(p.config.data.row_layout == 'packed' for p in phases.Plan(_config(name)).phases)
+
+
+def test_ettin_fill_counts_real_tokens():
+  """`SIZE,fill=F`: rows a share F real make every phase and the warm-up 1/F as many steps, as
+  Ettin's trainer counts only real tokens; a fill outside (0, 1] is one line."""
+  full, half = phases.Plan(_config('ettin', '68m')), phases.Plan(_config('ettin', '68m,fill=0.5'))
+  for a, b in zip(full.phases, half.phases):
+    assert b.end_step - b.start_step == pytest.approx(2 * (a.end_step - a.start_step), abs=2)
+  assert half.phases[0].config.train.warmup_steps == pytest.approx(
+      2 * full.phases[0].config.train.warmup_steps, abs=2)
+  for bad in ('68m,fill=0', '68m,fill=1.5', '68m,fill=x'):
+    with pytest.raises(ValueError, match=r"must be fill=F with 0 < F <= 1"):
+      _config('ettin', bad)
+
+
 @pytest.mark.parametrize('variant', FLEXBERT)
 def test_flexbert_recipes_keep_documents_apart_and_drop_the_attention_output(variant):
   """padding: unpadded runs attention per cu_seqlens sequence, with rotary positions from 0 in

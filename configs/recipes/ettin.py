@@ -1,7 +1,7 @@
 """Ettin's encoders (Weller et al., 2025) as one run in three phases, at every released size.
 
 Published (`--config=configs/recipes/ettin.py:SIZE`, SIZE one of 17m, 32m, 68m, 150m, 400m,
-1b; '' is 150m), from the encoder yamls of JHU-CLSP/ettin-encoder-vs-decoder
+1b; '' is 150m; `SIZE,fill=F` counts real tokens, below), from the encoder yamls of JHU-CLSP/ettin-encoder-vs-decoder
 pretraining/configs/standard/ (the recipe of ModernBERT, with open data, at six sizes):
 
   phase     tokens  T      masking  learning rate                   batch (rows)
@@ -24,16 +24,19 @@ Each phase reads its own data in the original (the pretraining mixture, a
 (and each phase's data.corpus override) at yours.
 
 Ettin's rows (no packing; src/text_data.py's NoStreamingDataset and the
-chunks of pretraining/data_processing's split_dataset_into_chunks): one row
-per chunk of one document, [CLS] + up to T - 2 of its tokens + [SEP], padded
-to T; a document's last chunk under 128 tokens is dropped and one under 512
-filled from the chunk before it. mlm_jax's data pipeline cannot build such
-rows (it packs every row full, documents one after another): what is missing
-is a row-per-document-chunk layout with padding. The nearest here: packed
-rows with documents kept apart and positions restarting at each
-(common.flexbert), which gives each token the context Ettin's rows give it,
-but more real tokens per row (no padding), so a phase of N tokens takes fewer
-rows than Ettin's.
+chunks of pretraining/data_processing's split_dataset_into_chunks, run with
+-m 512 -a 128 --backfill --backfill_no_duplicates): one row per chunk of one
+document, [CLS] + up to T - 2 of its tokens + [SEP], padded to T; a
+document's last chunk under 128 tokens is dropped and one under 512 takes a
+random share of the chunk before it. Here config.data.row_layout=
+'document_chunks' with chunk_min_tokens 512 and chunk_drop_tokens 128
+(data/packing.py), in every phase. Ettin's released shards hold such chunks
+already: read as MDS with ids, each is one row. The phases' lengths and the
+warm-up count rows x T (padding included); Ettin's trainer counts real
+tokens (count_padding_tokens: false), so its phases hold more rows than
+these. `SIZE,fill=F`, F the real share of your prepared rows (1 - the
+padding_fraction of the data dir's report.json), divides every phase's
+length and the warm-up by F, so that they count real tokens as Ettin's did.
 
 Tiny (`:tiny`): the same three phases on the built-in corpus with
 configs/tiny.py's model, 128 -> 256 tokens, 30% -> 15% masking, the batch
@@ -100,18 +103,39 @@ SIZES = {
 
 
 def get_config(arg: str = '') -> ml_collections.ConfigDict:
-  """arg '' (150m) or a size of SIZES: the published recipe; 'tiny': its phases on a 2-core CPU;
-  'smoke': tiny, cut."""
+  """arg '' (150m) or a size of SIZES, optionally with ',fill=F': the published recipe;
+  'tiny': its phases on a 2-core CPU; 'smoke': tiny, cut.
+
+  fill: the share of a row's T ids that are a document's, in your prepared data (1 - the
+  train split's padding_fraction in the data dir's report.json). The phases' lengths and the
+  warm-up, in Ettin's real tokens, are divided by it: rows x T then count what Ettin's trainer
+  counted. 1 (the default): every row taken as full."""
+  size, _, fill = arg.partition(',')
+  if fill.startswith('fill=') and size in ('', *SIZES):
+    try:
+      value = float(fill[len('fill='):])
+    except ValueError:
+      value = 0.0
+    if 0.0 < value <= 1.0:
+      return _published(size or '150m', value)
+    raise ValueError(f'configs/recipes/ettin.py: {fill!r} must be fill=F with 0 < F <= 1, the '
+                     "share of a row's ids that are real (1 - padding_fraction of the prepared "
+                     "data's report.json): e.g. --config=configs/recipes/ettin.py:400m,fill=0.62")
   if arg in SIZES:
     return _published(arg)
   if arg in ('', 'tiny', 'smoke'):
     return common.variant('ettin', arg, lambda: _published('150m'), _tiny)
   raise ValueError(f"configs/recipes/ettin.py takes '', {', '.join(map(repr, SIZES))}, 'tiny' or "
-                   f"'smoke', not {arg!r}: e.g. --config=configs/recipes/ettin.py:400m")
+                   f"'smoke', a size with ',fill=F', not {arg!r}: e.g. "
+                   '--config=configs/recipes/ettin.py:400m')
 
 
-def _published(size: str) -> ml_collections.ConfigDict:
+def _published(size: str, fill: float = 1.0) -> ml_collections.ConfigDict:
   s = SIZES[size]
+
+  def real(tokens: int) -> int:  # Ettin's real tokens as rows x T of rows `fill` full.
+    return round(tokens / fill)
+
   micro_batches = [4608 // rows for rows in s['micro']]
   # model_config of _PRETRAIN (vocab 50,368, a window of 128, a global layer every 3, LayerNorm
   # eps 1e-5 at every size), under FlexBERT's trainer (common.flexbert). sequence_packing:
@@ -149,6 +173,13 @@ def _published(size: str) -> ml_collections.ConfigDict:
   # phases sample_250B and ProLong); set --config.data.corpus=... to text, jsonl, parquet or
   # MDS files.
   config.data.corpus = ''
+  # Ettin's rows: a chunk of one document a row, padded; short last chunks dropped under 128
+  # ids and backfilled under 512 (split_dataset_into_chunks' -a 128 -m 512 --backfill
+  # --backfill_no_duplicates, the chunked-...-1024-512-128-backfill-nodups and 8000-512-128
+  # data of pretraining/data_processing/README.md and bin/sample_too_large_down.py).
+  config.data.row_layout = 'document_chunks'
+  config.data.chunk_min_tokens = 512
+  config.data.chunk_drop_tokens = 128
   # tokenizer_name: bclavie/olmo_bert_template (_PRETRAIN): ModernBERT's byte-level BPE. Set
   # config.tokenizer.model_file to its tokenizer.json to use it; left empty, a byte-level BPE
   # of 50,368 pieces is trained on your corpus.
@@ -165,12 +196,12 @@ def _published(size: str) -> ml_collections.ConfigDict:
                     local_rope_theta=s['context_local_theta'])
   config.phases = (
       # max_duration: 1_700_000_000_000tok (_PRETRAIN).
-      dict(name='pretrain', tokens=1_700_000_000_000,
+      dict(name='pretrain', tokens=real(1_700_000_000_000),
            overrides=dict(train=dict(schedule='constant'))),
       # max_duration per size (_CONTEXT), load_path + reset_time: the optimizer's state carries
       # over, the schedule restarts: one_minus_sqrt over the whole phase with alpha_f: 0.5 from
       # the same lr (_CONTEXT; the 1b's yaml sets no reset_time, read as the others').
-      dict(name='context', tokens=s['context'], overrides=dict(
+      dict(name='context', tokens=real(s['context']), overrides=dict(
           data=long_rows, model=long_model,
           # mlm_probability: 0.3 (_CONTEXT); P for 30% of 7,999 tokens.
           masking=dict(max_predictions=common.max_predictions(0.3, 7999, 8)),
@@ -183,7 +214,7 @@ def _published(size: str) -> ml_collections.ConfigDict:
       # LR" of the pretraining, pretraining/README.md), the decoupled weight decay against the
       # new peak (the 400m's yaml sets neither reset_time nor restart_override; read as the
       # others').
-      dict(name='decay', tokens=s['decay'], overrides=dict(
+      dict(name='decay', tokens=real(s['decay']), overrides=dict(
           # mlm_probability: 0.15 (_DECAY); P for 15% of 7,999 tokens; every layer at 160,000.
           masking=dict(select_rate=0.15, max_predictions=common.max_predictions(0.15, 7999, 8)),
           model=dict(local_rope_theta=160_000.0),
@@ -193,11 +224,13 @@ def _published(size: str) -> ml_collections.ConfigDict:
   )
   # t_warmup per size (_PRETRAIN): the steps that reach it (no batch warm-up: whole steps of
   # 4,608 x 1,024 tokens).
-  config.train.warmup_steps = common.warmup_to(config, s['warmup'])
+  config.train.warmup_steps = common.warmup_to(config, real(s['warmup']))
   return config
 
 
 def _tiny() -> ml_collections.ConfigDict:
+  # Packed rows, as the quick start's (docs/recipes.md's tiny figures were measured so):
+  # --config.data.row_layout=document_chunks gives Ettin's.
   # configs/tiny.py's model trained as the published recipe (common.flexbert_tiny): 30%
   # masking, StableAdamW, no global-norm clipping, rotary base 10,000 everywhere until the
   # context phase, random replacements drawn uniformly; the batch warmed up from 8 rows to 16

@@ -103,6 +103,9 @@ TABLE: dict[str, dict[str, Field]] = {
         'data_dir': _f(RUNTIME),  # Where the rows are, not what they are.
         'tfds_export': _f(RUNTIME, False),
         'seq_len': _f(ROWS),
+        'row_layout': _f(ROWS, 'packed'),
+        'chunk_min_tokens': _f(ROWS, 0),
+        'chunk_drop_tokens': _f(ROWS, 0),
         'val_fraction': _f(ROWS),
         'split_seed': _f(ROWS),
     },

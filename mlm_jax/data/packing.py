@@ -1,10 +1,27 @@
 """The work of prepare's worker processes: tokenize units of the corpus, write shards of rows.
 
 A unit's documents become units/NNNNNN/ (int32 ids of its documents, their
-lengths and splits); row r of a split is the slice [r(T-2), (r+1)(T-2)) of
-that split's stream `doc [SEP] doc [SEP] ...` over all units in order, so each
-shard is computed from the unit files alone, by any worker. Everything is
-written under a temporary name and renamed when complete.
+lengths and splits). How they become rows of T ids is the RowLayout
+(config.data.row_layout):
+
+  packed           row r of a split is the slice [r(T-2), (r+1)(T-2)) of that
+                   split's stream `doc [SEP] doc [SEP] ...` over all units in
+                   order, between [CLS] and [SEP]: every row full but a
+                   split's last (RoBERTa's FULL-SENTENCES).
+  document_chunks  each document cut into chunks of T-2 ids, one row each,
+                   [CLS] chunk [SEP] then [PAD] to T; rows in the order of
+                   the documents (Ettin's rows: JHU-CLSP/ettin-encoder-vs-
+                   decoder, pretraining/data_processing/src/sampling/
+                   split_dataset_into_chunks_individual.py's chunk_instance).
+                   A document's later chunk shorter than drop_tokens is
+                   dropped; one shorter than min_tokens takes a share of the
+                   chunk before it (Ettin's backfill without duplicates: a
+                   number of that chunk's last ids drawn uniformly from
+                   [0, T-2 - its length), here by a hash of the document's
+                   ids and the split seed instead of a generator's state).
+
+Either way each shard is computed from the unit files alone, by any worker.
+Everything is written under a temporary name and renamed when complete.
 
 Each shard is a plain .npy array of its rows under DATA_DIR/rows/, which the
 input pipeline reads (data/packed_rows.py); the tfds copy of the rows is an
@@ -15,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import itertools
 import json
 import multiprocessing
@@ -28,6 +46,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 
+import ml_collections
 import numpy as np
 import tqdm
 
@@ -40,6 +59,32 @@ from mlm_jax.errors import CorpusError
 
 # Texts per tokenizer encode call.
 _DOCS_PER_CHUNK = 2000
+# config.data.row_layout.
+ROW_LAYOUTS = ('packed', 'document_chunks')
+
+
+@dataclasses.dataclass(frozen=True)
+class RowLayout:
+  """How documents become rows (the module's docstring): config.data's row_layout,
+  chunk_min_tokens and chunk_drop_tokens."""
+
+  kind: str = 'packed'
+  min_tokens: int = 0
+  drop_tokens: int = 0
+
+  @classmethod
+  def from_config(cls, data: ml_collections.ConfigDict) -> RowLayout:
+    kind = data.get('row_layout', 'packed')
+    if kind == 'packed':
+      return cls()
+    return cls(kind, int(data.chunk_min_tokens), int(data.chunk_drop_tokens))
+
+  @property
+  def chunked(self) -> bool:
+    return self.kind == 'document_chunks'
+
+
+PACKED = RowLayout()
 
 
 def is_validation(text: str | Ids, fraction: float, seed: int) -> bool:
@@ -61,12 +106,13 @@ _WORKER: dict = {}
 
 
 def init_worker(reader: corpus_lib.Corpus, tokenizer_path: str, val_fraction: float,
-                split_seed: int, seq_len: int, all_threads: bool) -> None:
+                split_seed: int, seq_len: int, all_threads: bool,
+                layout: RowLayout = PACKED) -> None:
   """`tokenizer_path`: the tokenizer that stage 1 writes (DATA_DIR/tokenizer.model or
   DATA_DIR/tokenizer/), read with tokenizer.load when a task first needs it."""
   _WORKER.clear()
   _WORKER.update(reader=reader, tokenizer_path=tokenizer_path, val=(val_fraction, split_seed),
-                 seq_len=seq_len, threads=0 if all_threads else 1)
+                 seq_len=seq_len, threads=0 if all_threads else 1, layout=layout)
 
 
 def _tokenizer() -> tok_lib.Tokenizer:
@@ -345,17 +391,67 @@ def checked_ids(document: Ids, tokenizer: tok_lib.Tokenizer) -> np.ndarray:
   return ids
 
 
-def split_stats(stream: list[tuple[str, int, int, int]], seq_len: int) -> dict:
-  """Documents, tokens, rows and padding of a split, from its units' stream lengths."""
+def unit_entry(unit_dir: str, lengths: np.ndarray, seq_len: int,
+               layout: RowLayout) -> tuple[str, int, int, int, int]:
+  """A unit's part of a split (the documents of `lengths` ids each): (unit_dir, size,
+  documents, tokens, kept), size in the layout's terms (packed: its stream's length, every
+  document and its [SEP]; document_chunks: its rows) and kept the ids its rows hold."""
+  tokens = int(lengths.sum())
+  if not layout.chunked:
+    return unit_dir, tokens + len(lengths), len(lengths), tokens, tokens
+  rows, kept = chunk_rows(lengths, seq_len - 2, layout)
+  return unit_dir, int(rows.sum()), len(lengths), tokens, int(kept.sum())
+
+
+def split_stats(stream: list[tuple[str, int, int, int, int]], seq_len: int,
+                layout: RowLayout = PACKED) -> dict:
+  """Documents, tokens, rows and padding of a split, from its units' unit_entry()s; chunked,
+  also the ids dropped with documents' short last chunks."""
   content = seq_len - 2
-  length = sum(n for _, n, _, _ in stream)  # Every document + its [SEP].
+  tokens = sum(t for *_, t, _ in stream)
+  if layout.chunked:
+    rows, kept = sum(n for _, n, *_ in stream), sum(k for *_, k in stream)
+    total = rows * seq_len
+    return {'documents': sum(d for _, _, d, _, _ in stream), 'tokens': tokens, 'rows': rows,
+            'padding_fraction': (total - kept - 2 * rows) / total if total else 0.0,
+            'dropped_tokens': tokens - kept}
+  length = sum(n for _, n, *_ in stream)  # Every document + its [SEP].
   # The final [SEP] is dropped unless it fills the last row; a rest is padded.
   rest = length % content
   rows = length // content + (rest > 1)
   padding = content - (rest - 1) if rest > 1 else 0
   total = rows * seq_len
-  return {'documents': sum(d for *_, d, _ in stream), 'tokens': sum(t for *_, t in stream),
+  return {'documents': sum(d for _, _, d, _, _ in stream), 'tokens': tokens,
           'rows': rows, 'padding_fraction': padding / total if total else 0.0}
+
+
+def chunk_rows(lengths: np.ndarray, content: int,
+               layout: RowLayout) -> tuple[np.ndarray, np.ndarray]:
+  """Per document of `lengths` ids, chunked into `content` ids a row: (its rows, the ids they
+  hold). A document's first chunk is always kept; a later one under drop_tokens is not."""
+  full, rest = np.divmod(np.asarray(lengths, np.int64), content)
+  last = (rest > 0) & ((full == 0) | (rest >= layout.drop_tokens))
+  return full + last, full * content + np.where(last, rest, 0)
+
+
+def document_chunks(ids: np.ndarray, content: int, layout: RowLayout,
+                    seed: int) -> list[tuple[int, int]]:
+  """[start, end) of each row's ids in a document's `ids` (chunk_rows's rows): chunks of
+  `content`; a last chunk under drop_tokens dropped, one under min_tokens (not the first)
+  given the last `share` ids of the chunk before, share uniform in [0, content - its length)
+  by a hash of (seed, the document's ids)."""
+  n = len(ids)
+  bounds = [[start, min(start + content, n)] for start in range(0, n, content)]
+  if len(bounds) > 1:
+    short = bounds[-1][1] - bounds[-1][0]
+    if short < layout.drop_tokens:
+      bounds.pop()
+    elif short < layout.min_tokens:
+      key = zlib.crc32(np.asarray(ids, '<i4').tobytes(), zlib.crc32(str(seed).encode()))
+      share = key % (content - short)
+      bounds[-2][1] -= share
+      bounds[-1][0] -= share
+  return [(a, b) for a, b in bounds]
 
 
 def unit_stream(unit_dir: str, validation: bool, lo: int, hi: int, sep_id: int) -> np.ndarray:
@@ -381,18 +477,33 @@ def unit_stream(unit_dir: str, validation: bool, lo: int, hi: int, sep_id: int) 
 
 
 def write_shard(split: str, k: int, num_shards: int, r0: int, r1: int,
-                stream: list[tuple[str, int, int, int]], dense_dir: str, tmp_dir: str,
+                stream: list[tuple[str, int, int, int, int]], dense_dir: str, tmp_dir: str,
                 counts_dir: str) -> None:
   """Writes rows [r0, r1) of a split as .npy shard k (and, for train, its counts first: the
   shard's presence marks both complete)."""
-  seq_len = _WORKER['seq_len']
   tokenizer = _tokenizer()
   specials = tokenizer.specials
+  build = _chunked_rows if _WORKER['layout'].chunked else _packed_rows
+  rows = build(split, r0, r1, stream, _WORKER['seq_len'], specials)
+  if split_role(split) == 'train':
+    counts = np.bincount(rows.ravel(), minlength=tokenizer.vocab_size)
+    counts[list(specials.never_masked)] = 0  # Documents never hold [PAD], [CLS] or [SEP].
+    tmp = os.path.join(tmp_dir, f'counts-{split}-{k:05d}-{os.getpid()}.npy')
+    np.save(tmp, counts.astype(np.int64))
+    os.replace(tmp, os.path.join(counts_dir, f'{split}-{k:05d}.npy'))
+  tmp = os.path.join(tmp_dir, f'{split}-{k:05d}-{os.getpid()}.npy')
+  np.save(tmp, rows.astype(dense_dtype(tokenizer.vocab_size)))
+  os.replace(tmp, packed_rows.dense_path(dense_dir, split, k, num_shards))
+
+
+def _packed_rows(split: str, r0: int, r1: int, stream: list[tuple[str, int, int, int, int]],
+                 seq_len: int, specials: tok_lib.Specials) -> np.ndarray:
+  """[r1 - r0, T] int32: rows [r0, r1) of the split's packed stream."""
   content = seq_len - 2
-  length = sum(n for _, n, _, _ in stream)
+  length = sum(n for _, n, *_ in stream)
   a, b = r0 * content, min(r1 * content, length)
   parts, offset = [], 0
-  for unit_dir, n, _, _ in stream:
+  for unit_dir, n, *_ in stream:
     lo, hi = max(a, offset) - offset, min(b, offset + n) - offset
     if lo < hi:
       parts.append(unit_stream(unit_dir, split_role(split) == 'validation', lo, hi,
@@ -403,17 +514,39 @@ def write_shard(split: str, k: int, num_shards: int, r0: int, r1: int,
   if length % content and a <= length - 1 < b:
     flat[length - 1 - a] = specials.pad  # The last document's [SEP] is the row's own.
   body = flat.reshape(-1, content)
-  rows = np.concatenate([np.full((len(body), 1), specials.cls, np.int32), body,
+  return np.concatenate([np.full((len(body), 1), specials.cls, np.int32), body,
                          np.full((len(body), 1), specials.sep, np.int32)], axis=1)
-  if split_role(split) == 'train':
-    counts = np.bincount(body.ravel(), minlength=tokenizer.vocab_size)
-    counts[[specials.pad, specials.sep]] = 0  # Documents never hold either.
-    tmp = os.path.join(tmp_dir, f'counts-{split}-{k:05d}-{os.getpid()}.npy')
-    np.save(tmp, counts.astype(np.int64))
-    os.replace(tmp, os.path.join(counts_dir, f'{split}-{k:05d}.npy'))
-  tmp = os.path.join(tmp_dir, f'{split}-{k:05d}-{os.getpid()}.npy')
-  np.save(tmp, rows.astype(dense_dtype(tokenizer.vocab_size)))
-  os.replace(tmp, packed_rows.dense_path(dense_dir, split, k, num_shards))
+
+
+def _chunked_rows(split: str, r0: int, r1: int, stream: list[tuple[str, int, int, int, int]],
+                  seq_len: int, specials: tok_lib.Specials) -> np.ndarray:
+  """[r1 - r0, T] int32: rows [r0, r1) of the split in the document_chunks layout."""
+  layout, seed = _WORKER['layout'], _WORKER['val'][1]
+  content = seq_len - 2
+  rows = np.full((r1 - r0, seq_len), specials.pad, np.int32)
+  rows[:, 0] = specials.cls
+  offset = 0  # The split's rows before this unit.
+  for unit_dir, n, *_ in stream:
+    lo, hi = max(r0, offset) - offset, min(r1, offset + n) - offset
+    if lo < hi:
+      docs = np.load(os.path.join(unit_dir, 'docs.npz'))
+      lengths = docs['lengths']
+      starts = np.cumsum(lengths) - lengths  # In ids.bin.
+      sel = np.flatnonzero(docs['is_val'] == (split_role(split) == 'validation'))
+      ends = np.cumsum(chunk_rows(lengths[sel], content, layout)[0])
+      first, last = np.searchsorted(ends, lo, 'right'), np.searchsorted(ends, hi, 'left') + 1
+      ids_bin = np.memmap(os.path.join(unit_dir, 'ids.bin'), np.int32, 'r')
+      for d in range(first, min(last, len(sel))):
+        doc = sel[d]
+        ids = np.asarray(ids_bin[starts[doc]:starts[doc] + lengths[doc]])
+        begin = int(ends[d - 1]) if d else 0
+        for j, (a, b) in enumerate(document_chunks(ids, content, layout, seed)):
+          if lo <= begin + j < hi:
+            row = rows[offset + begin + j - r0]
+            row[1:1 + b - a] = ids[a:b]
+            row[1 + b - a] = specials.sep
+    offset += n
+  return rows
 
 
 def dense_dtype(vocab_size: int) -> type:

@@ -8,8 +8,10 @@ belong to one source; each source's rows are stored as its own splits
 
 Packing follows RoBERTa's FULL-SENTENCES: documents are concatenated with
 [SEP] between them and cut into rows of exactly T ids, so only the last row of
-each split has padding. Documents, not rows, are assigned to the validation
-split, so no held-out text is seen in training.
+each split has padding; or, with config.data.row_layout='document_chunks',
+each row holds one chunk of one document, padded (Ettin's rows; packing.py).
+Documents, not rows, are assigned to the validation split, so no held-out
+text is seen in training.
 
 The stages, in DATA_DIR.partial, renamed to DATA_DIR when all are done, each
 spread over `config.data.num_workers` processes by units of the corpus (a
@@ -25,8 +27,9 @@ parquet row groups or of Arrow record batches; data/sources.py):
   2. tokenize: each unit becomes units/NNNNNN/ (ids of its documents and
      their lengths and splits).
   3. pack and write, in the same processes: row r of a split is the slice
-     [r(T-2), (r+1)(T-2)) of that split's stream `doc [SEP] doc [SEP] ...`, so
-     each .npy shard of rows is computed from the unit files alone.
+     [r(T-2), (r+1)(T-2)) of that split's stream `doc [SEP] doc [SEP] ...`
+     (or the r-th chunk of its documents), so each .npy shard of rows is
+     computed from the unit files alone.
   4. only with config.data.tfds_export: the rows exported as a tfds dataset
      (data/tfds_export.py), each array_record shard from its .npy shard.
   Then the report (data/prepare_report.py), and fingerprint.json last.
@@ -68,6 +71,7 @@ from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.data.prepared import SPLITS
 from mlm_jax.data.prepared import split_name
 from mlm_jax.data.prepared import split_names
+from mlm_jax.errors import one_of
 from mlm_jax.errors import require
 from mlm_jax.runtime import cores
 
@@ -236,7 +240,8 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, data: ml_collections.Conf
   # The workers load the tokenizer from there once stage 1 has put it there.
   init_args = (dataclasses.replace(corpus, units=[], tally=corpus_lib.Tally()),
                _tokenizer_path(out, tok), data.val_fraction, data.split_seed,
-               data.seq_len, workers == 1 and requested > 1 and beam_options is None)
+               data.seq_len, workers == 1 and requested > 1 and beam_options is None,
+               packing.RowLayout.from_config(data))
   if beam_options is None:
     pool = packing.Pool(workers, init_args)
   else:
@@ -246,8 +251,9 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, data: ml_collections.Conf
     seconds = {'tokenizer': time.perf_counter() - start}
     units_todo = _tokenize_units(out, corpus, pool, workers)                   # 2.
     seconds['tokenize'] = time.perf_counter() - start - sum(seconds.values())
-    tally, streams, stats = _read_units(out, corpus, data.seq_len)
-    shard_lengths, shards_todo = _write_rows(out, pool, streams, data.seq_len)  # 3.
+    layout = packing.RowLayout.from_config(data)
+    tally, streams, stats = _read_units(out, corpus, data.seq_len, layout)
+    shard_lengths, shards_todo = _write_rows(out, pool, streams, data.seq_len, layout)  # 3.
     seconds['write'] = time.perf_counter() - start - sum(seconds.values())
     if data.tfds_export:
       _import_tfds_export().export(out, pool, list(streams), tokenizer.kind)   # 4.
@@ -309,8 +315,8 @@ def _tokenize_units(out: str, corpus: corpus_lib.Corpus, pool: packing.Pool,
   return len(todo)
 
 
-def _read_units(out: str, corpus: corpus_lib.Corpus,
-                seq_len: int) -> tuple[corpus_lib.Tally, dict, dict]:
+def _read_units(out: str, corpus: corpus_lib.Corpus, seq_len: int,
+                layout: packing.RowLayout) -> tuple[corpus_lib.Tally, dict, dict]:
   """(tally of all inputs, per stored split the units' streams, per split stats).
 
   A mixture's stats hold the totals of its members under 'train' and
@@ -319,7 +325,7 @@ def _read_units(out: str, corpus: corpus_lib.Corpus,
   tally = corpus_lib.Tally()
   tally.add(corpus.tally.to_json())
   parts = corpus.num_parts
-  # Per stored split, per unit: (dir, stream length, documents, tokens).
+  # Per stored split, per unit: packing.unit_entry's (dir, size, documents, tokens, kept).
   streams = {name: [] for s in SPLITS for name in split_names(s, parts)}
   for i, unit in enumerate(corpus.units):
     unit_dir = os.path.join(out, 'units', f'{i:06d}')
@@ -329,8 +335,9 @@ def _read_units(out: str, corpus: corpus_lib.Corpus,
     for s in SPLITS:
       lengths = docs['lengths'][docs['is_val'] == (s == 'validation')]
       streams[split_name(s, corpus.part(unit), parts)].append(
-          (unit_dir, int(lengths.sum() + len(lengths)), len(lengths), int(lengths.sum())))
-  stats = {name: packing.split_stats(stream, seq_len) for name, stream in streams.items()}
+          packing.unit_entry(unit_dir, lengths, seq_len, layout))
+  stats = {name: packing.split_stats(stream, seq_len, layout)
+           for name, stream in streams.items()}
   if parts > 1:
     members = [{s: stats[split_name(s, p, parts)] for s in SPLITS} for p in range(parts)]
     stats = {s: _total([m[s] for m in members], seq_len) for s in SPLITS} | {'parts': members}
@@ -343,13 +350,16 @@ def _total(stats: list[dict], seq_len: int) -> dict:
   """The stats of several members' splits taken together."""
   rows = sum(st['rows'] for st in stats)
   padding = sum(st['padding_fraction'] * st['rows'] * seq_len for st in stats)
-  return {'documents': sum(st['documents'] for st in stats),
-          'tokens': sum(st['tokens'] for st in stats), 'rows': rows,
-          'padding_fraction': padding / (rows * seq_len) if rows else 0.0}
+  total = {'documents': sum(st['documents'] for st in stats),
+           'tokens': sum(st['tokens'] for st in stats), 'rows': rows,
+           'padding_fraction': padding / (rows * seq_len) if rows else 0.0}
+  if 'dropped_tokens' in stats[0]:
+    total['dropped_tokens'] = sum(st['dropped_tokens'] for st in stats)
+  return total
 
 
-def _write_rows(out: str, pool: packing.Pool, streams: dict,
-                seq_len: int) -> tuple[dict[str, list[int]], int]:
+def _write_rows(out: str, pool: packing.Pool, streams: dict, seq_len: int,
+                layout: packing.RowLayout) -> tuple[dict[str, list[int]], int]:
   """Stage 3: every .npy shard of rows not written yet; (rows per shard by split, to do)."""
   dense_dir = os.path.join(out, packed_rows.DENSE_DIR)
   tmp_dir = os.path.join(out, 'tmp')
@@ -361,7 +371,7 @@ def _write_rows(out: str, pool: packing.Pool, streams: dict,
   rows_per_shard = max(1, SHARD_BYTES // (4 * seq_len))
   tasks, shard_lengths = [], {}
   for s, stream in streams.items():
-    rows = packing.split_stats(stream, seq_len)['rows']
+    rows = packing.split_stats(stream, seq_len, layout)['rows']
     n = -(-rows // rows_per_shard)
     shard_lengths[s] = [min(rows_per_shard, rows - k * rows_per_shard) for k in range(n)]
     for k in range(n):
@@ -542,3 +552,11 @@ def check_config(data: ml_collections.ConfigDict) -> None:
           f'config.data.val_fraction={data.val_fraction} must be in (0, 1).')
   require(data.num_workers >= 0,
           f'config.data.num_workers={data.num_workers} must be >= 0 (0: one per core).')
+  one_of('data', 'row_layout', data.row_layout, packing.ROW_LAYOUTS)
+  for name in ('chunk_min_tokens', 'chunk_drop_tokens'):
+    require(0 <= data[name] <= data.seq_len - 2,
+            f'config.data.{name}={data[name]} must be in [0, config.data.seq_len - 2 = '
+            f'{data.seq_len - 2}] (0: none).')
+    require(data.row_layout == 'document_chunks' or not data[name],
+            f'config.data.{name}={data[name]} acts on document chunks only: set '
+            "config.data.row_layout='document_chunks', or leave it 0.")

@@ -27,8 +27,10 @@ def format_report(report: dict, data_dir: str, names: tuple[str, ...] = ()) -> s
     for s in SPLITS:
       st = stats[s]
       unknown = f', unknown {st["unknown_rate"]:.4%}' if st.get('unknown_rate') else ''
+      dropped = (f', {st["dropped_tokens"]:,} tokens of short last chunks dropped'
+                 if 'dropped_tokens' in st else '')
       lines.append(f'  {prefix}{s}: {st["documents"]:,} documents, {st["tokens"]:,} tokens, '
-                   f'{st["rows"]:,} rows, padding {st["padding_fraction"]:.4%}{unknown}')
+                   f'{st["rows"]:,} rows, padding {st["padding_fraction"]:.4%}{dropped}{unknown}')
   t = report['tokenizer']
   # A tokenizer stage finished by an older version (a resumed prepare) has other counts.
   if t.get('trained') and 'sentences_seen' in t:

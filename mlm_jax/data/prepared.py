@@ -152,7 +152,7 @@ def fingerprint(rows: Mapping[str, Any], tok: ml_collections.ConfigDict,
   tfds_export, data_dir), so that adding the export to a data dir keeps its name."""
   tokenizer = tokenizer_fingerprint(tok)
   corpus = corpus or corpus_lib.resolve(ml_collections.ConfigDict(dict(rows)))
-  return {
+  fp = {
       'format': FORMAT_VERSION,
       'corpus': corpus.description,
       'document_split': corpus.split_rule,
@@ -161,6 +161,9 @@ def fingerprint(rows: Mapping[str, Any], tok: ml_collections.ConfigDict,
       'split_seed': rows['split_seed'],
       'tokenizer': tokenizer,
   }
+  if rows.get('row_layout', 'packed') != 'packed':  # Packed data dirs keep their names.
+    fp['rows'] = {k: rows[k] for k in ('row_layout', 'chunk_min_tokens', 'chunk_drop_tokens')}
+  return fp
 
 
 def tokenizer_fingerprint(tok: ml_collections.ConfigDict) -> dict:
