@@ -461,3 +461,21 @@ def test_a_compiler_failure_is_one_line_naming_the_step_and_a_known_fix():
                          'find output tile sizes')
   assert ('config.masking.max_predictions=307 has no tiling there: round it up to a multiple '
           'of 8 (312') in line
+
+
+def test_a_micro_batched_steps_flops_difference_names_the_loop_xla_counts_once():
+  """XLA's cost analysis counts a while loop's body once: a step in k micro-batches reports
+  about one micro-batch's FLOPs, and the report says so with k times the figure."""
+  from configs import bert_tiny
+  from mlm_jax.perf import preflight
+  check = preflight.Preflight.__new__(preflight.Preflight)
+  check.config = bert_tiny.get_config()
+  check.model_flops_per_device = lambda figures: 64e12
+  figures = preflight.StepFigures(
+      step='train', global_batch=4608, per_device_batch=1152, grad_accum_steps=32, fsdp=1,
+      memory={}, usable_memory=1, compile_s=0.0, flops=1.8e12,
+      flops_source="XLA's cost analysis", hlo={}, xla_cost={})
+  assert ("XLA's cost analysis counts the loop over the 32 micro-batches once: its figure is "
+          "about one micro-batch's (32x is 57.6 T)") in check.explain_flops(figures)
+  figures.grad_accum_steps, figures.flops = 1, 70e12
+  assert 'micro-batch' not in check.explain_flops(figures)

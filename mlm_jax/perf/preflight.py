@@ -179,7 +179,8 @@ class Preflight:
     n = self.target.num_devices
     figures = StepFigures(
         step=step, global_batch=batch_size, per_device_batch=batch_size // n,
-        grad_accum_steps=config.train.grad_accum_steps, fsdp=config.mesh.fsdp, memory={},
+        grad_accum_steps=config.train.grad_accum_steps if step == 'train' else 1,
+        fsdp=config.mesh.fsdp, memory={},
         usable_memory=self.usable_memory, compile_s=0.0, flops=None, flops_source='', hlo={},
         xla_cost={})
     key = f'{step}:{hashlib.sha256(lowered.as_text().encode()).hexdigest()}'
@@ -492,6 +493,11 @@ class Preflight:
       reasons.append(f'DropToken removes {mdl.drop_token_rate:.0%} of the unmasked tokens from '
                      "the encoder's input")
     if figures.flops_source.startswith('XLA'):
+      if figures.grad_accum_steps > 1:
+        k = figures.grad_accum_steps
+        reasons.append(f"XLA's cost analysis counts the loop over the {k} micro-batches once: "
+                       f"its figure is about one micro-batch's ({k}x is "
+                       f'{k * figures.flops / 1e12:,.1f} T)')
       reasons.append("XLA's count includes elementwise and reduction FLOPs (softmax, GELU, "
                      'LayerNorm, the optimizer update) that flops.py leaves out')
       if figures.hlo.get('splash_attention_calls'):
