@@ -105,10 +105,11 @@ def test_library_kernel_agrees_and_padding_rows_stay_finite():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('window', [None, 32])
-def test_splash_kernel_is_dense_attention_with_segments(window):
-  # Pallas's interpreter runs the TPU kernel on the CPU: same function.
-  qkv, valid, docs, _ = _inputs(4, t=256)
+@pytest.mark.parametrize('window, t', [(None, 256), (32, 200)])
+def test_splash_kernel_is_dense_attention_with_segments(window, t):
+  # Pallas's interpreter runs the TPU kernel on the CPU: same function. 200 tokens run padded
+  # to 256, two tiles.
+  qkv, valid, docs, _ = _inputs(4, t=t)
   for documents in (None, docs):
     mask = attention.Mask(valid, None, documents, window)
     _assert_same_function(lambda *x: attention.splash_attention(*x, mask, interpret=True),
@@ -145,8 +146,9 @@ def test_auto_picks_per_platform_and_says_why_it_hands_a_call_on():
   assert kernel == 'blocked' and 'DropToken' in why
   kernel, why = _choose(tpu, rows=True, q_len=154)
   assert kernel == 'dense' and 'masked slots' in why
-  kernel, why = _choose(tpu, q_len=1100, kv_len=1100)
-  assert kernel == 'blocked' and 'do not divide into splash blocks of 128' in why
+  # Rows of any length: splash pads them to whole tiles (Ettin's 7,999 tokens).
+  assert _choose(tpu, q_len=7999, kv_len=7999) == ('splash', '')
+  assert _choose(tpu, local=True, q_len=7999, kv_len=7999, documents=True) == ('splash', '')
   assert _choose(cpu, local=True) == ('blocked', '')
   # On CPUs global layers run ours over a dense mask on short rows, in query chunks on long ones.
   kernel, why = _choose(cpu, q_len=128, kv_len=128)

@@ -39,7 +39,6 @@ from absl import logging
 
 from mlm_jax.errors import require
 from mlm_jax.model.attention.flash import FLASH_MAX_HEAD
-from mlm_jax.model.attention.splash import SPLASH_BLOCK
 
 if TYPE_CHECKING:  # model/config.py imports this module's names.
   from mlm_jax.model.config import ModelConfig
@@ -160,10 +159,6 @@ def choose(cfg: ModelConfig, *, local: bool, q_len: int, kv_len: int, rows: bool
       return _blocked_or_dense(window, q_len, kv_len, rows, dropout,
                                "DropToken moved the tokens: splash's static window would "
                                'not follow their positions')
-    if q_len % SPLASH_BLOCK or kv_len % SPLASH_BLOCK:
-      return _blocked_or_dense(window, q_len, kv_len, rows, dropout,
-                               f'{q_len} tokens do not divide into splash blocks of '
-                               f'{SPLASH_BLOCK}')
     return 'splash', ''
   if kernel == 'blocked':
     return _blocked_or_dense(window, q_len, kv_len, rows, dropout, '')
