@@ -479,3 +479,20 @@ def test_a_micro_batched_steps_flops_difference_names_the_loop_xla_counts_once()
           "about one micro-batch's (32x is 57.6 T)") in check.explain_flops(figures)
   figures.grad_accum_steps, figures.flops = 1, 70e12
   assert 'micro-batch' not in check.explain_flops(figures)
+
+
+def test_a_micro_batched_step_plans_its_fused_calls_once_per_micro_batch():
+  """The accumulation loop runs each layer's kernels once per micro-batch, and the compiled
+  count follows the loop's trip count: 2 splash layers x 3 kernels x 4 micro-batches."""
+  import types
+
+  from mlm_jax.perf import preflight
+  check = preflight.Preflight.__new__(preflight.Preflight)
+  check._attention_plan = lambda: [types.SimpleNamespace(kernel='splash', layers=(0, 3),
+                                                         what='global layers 0, 3', why='')]
+  figures = preflight.StepFigures(
+      step='train', global_batch=64, per_device_batch=16, grad_accum_steps=4, fsdp=1,
+      memory={}, usable_memory=1, compile_s=0.0, flops=None, flops_source='',
+      hlo={'splash_attention_calls': 24}, xla_cost={})
+  assert check.attention_report(figures)['fused_calls'] == {
+      'splash': {'expected': 24, 'compiled': 24}}

@@ -457,13 +457,14 @@ class Preflight:
 
     A fused kernel is a custom call in the compiled step: cuDNN's runs twice
     per layer in a train step (forward, backward), splash attention and our
-    flash kernel three times (forward, dq, dkv).
+    flash kernel three times (forward, dq, dkv); each once per micro-batch.
     """
     plan = self._attention_plan()
     per_layer = {'cudnn': 2, 'flash': 3, 'splash': 3}
     fused = {}
     for kernel, times in per_layer.items():
-      expected = sum(times * len(c.layers) for c in plan if c.kernel == kernel)
+      expected = train.grad_accum_steps * sum(times * len(c.layers) for c in plan
+                                              if c.kernel == kernel)
       compiled = train.hlo.get(f'{kernel}_attention_calls', 0)
       if expected or compiled:
         fused[kernel] = {'expected': expected, 'compiled': compiled}
