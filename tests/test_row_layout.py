@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import micro_config
 from tests.conftest import run_training
 from mlm_jax.config import fields
+from mlm_jax.data import corpus
 from mlm_jax.data import masking
 from mlm_jax.data import packed_rows
 from mlm_jax.data import packing
@@ -49,38 +50,42 @@ def ettin_chunk_instance(tokens, chunk_size, min_chunk_size, always_skip_size, r
   return chunks
 
 
+def _ettin_rows(ids, content, layout, seed):
+  """Ettin's chunks of one document, its random share drawn by our hash."""
+  randint = lambda lo, hi: packing.backfill_share(ids, content - hi, content, seed)
+  return ettin_chunk_instance(ids, content + 2, layout.min_tokens, layout.drop_tokens, randint)
+
+
 @pytest.mark.parametrize('length', [1, 5, 127, 1022, 1023, 1022 + 127, 1022 + 128, 1022 + 300,
                                     1022 + 511, 1022 + 512, 3 * 1022 + 200, 4 * 1022])
 def test_chunks_follow_ettin(length):
   ids = np.arange(length, dtype=np.int32) + 7
-  ours = packing.document_chunks(ids, 1022, ETTIN, seed=3)
-  shares = []
-
-  def randint(lo, hi):
-    # The share ours drew: how far its last chunk starts before the last full boundary.
-    share = (length // 1022) * 1022 - ours[-1][0]
-    assert lo <= share < hi
-    shares.append(share)
-    return share
-
-  theirs = ettin_chunk_instance(ids, 1024, 512, 128, randint)
-  assert [ids[a:b].tolist() for a, b in ours] == [c.tolist() for c in theirs]
+  doc, start, end = packing.chunk_bounds(np.array([length]), 1022, ETTIN, 3, lambda d: ids)
+  assert doc.tolist() == [0] * len(doc)
+  theirs = _ettin_rows(ids, 1022, ETTIN, 3)
+  assert [ids[a:b].tolist() for a, b in zip(start, end)] == [c.tolist() for c in theirs]
   rows, kept = packing.chunk_rows(np.array([length]), 1022, ETTIN)
-  assert rows.tolist() == [len(ours)] and kept.tolist() == [sum(b - a for a, b in ours)]
-  rest = length % 1022
-  assert len(shares) == (length > 1022 and 128 <= rest < 512)
+  assert rows.tolist() == [len(theirs)] and kept.tolist() == [sum(map(len, theirs))]
+
+
+def test_documents_are_chunked_together_as_each_alone():
+  rng = np.random.default_rng(1)
+  docs = [rng.integers(5, 1000, n).astype(np.int32) for n in rng.integers(1, 5000, 60)]
+  doc, start, end = packing.chunk_bounds(np.array([len(d) for d in docs]), 1022, ETTIN, 9,
+                                         lambda d: docs[d])
+  together = [docs[d][a:b].tolist() for d, a, b in zip(doc, start, end)]
+  assert together == [c.tolist() for d in docs for c in _ettin_rows(d, 1022, ETTIN, 9)]
 
 
 def test_backfill_share_is_spread():
-  """The share moved into a short last chunk: uniform over [0, content - its length) across
+  """The share a short last chunk takes: uniform over [0, content - its length) across
   documents, as Ettin's np.random.randint, and fixed for a document."""
   rng = np.random.default_rng(0)
   shares = []
   for _ in range(400):
     ids = rng.integers(5, 1000, 1022 + 200).astype(np.int32)
-    first, last = packing.document_chunks(ids, 1022, ETTIN, seed=0)
-    assert first[1] == last[0] and packing.document_chunks(ids, 1022, ETTIN, seed=0)[1] == last
-    shares.append(1022 - last[0])
+    shares.append(packing.backfill_share(ids, 200, 1022, seed=0))
+    assert packing.backfill_share(ids, 200, 1022, seed=0) == shares[-1]
   shares = np.asarray(shares)
   assert shares.min() >= 0 and shares.max() < 822
   # Deciles of a uniform draw on [0, 822): each within 5 percentage points.
@@ -101,10 +106,14 @@ def _documents(rows: np.ndarray, sep: int, pad: int) -> list[np.ndarray]:
           for d in np.split(stream, np.flatnonzero(stream == sep) + 1) if len(d)]
 
 
-def test_prepared_chunks_are_the_packed_documents_chunked(prepared, corpus_glob, tmp_path):
+def test_prepared_chunks_are_the_packed_documents_chunked(prepared, corpus_glob, tmp_path,
+                                                         monkeypatch):
   """The same corpus, tokenizer and split prepared both ways: every document of the packed rows
-  comes back as its chunks, one a row ([CLS] chunk [SEP], then [PAD]), in document order; the
-  stats and unigram counts count the rows' ids; masking never selects padding."""
+  comes back as Ettin's chunks of it, one a row ([CLS] chunk [SEP], then [PAD]), in document
+  order, over units of 20 kB and shards of 7 rows; the stats and unigram counts count the
+  rows' ids; masking never selects padding."""
+  monkeypatch.setattr(corpus, 'UNIT_BYTES', 20_000)
+  monkeypatch.setattr(prepare, 'SHARD_BYTES', 4 * 32 * 7)
   config, packed = prepared
   chunked_config = micro_config(corpus_glob, str(tmp_path / 'chunks'))
   chunked_config.tokenizer.model_file = os.path.join(packed.data_dir, 'tokenizer.model')
@@ -114,14 +123,13 @@ def test_prepared_chunks_are_the_packed_documents_chunked(prepared, corpus_glob,
   chunked_config.data.chunk_drop_tokens = layout.drop_tokens
   chunked_config.data.num_workers = 2
   chunked = prepare.prepare(*fields.data_request(chunked_config))
+  assert chunked.report['work']['units'] > 4 and chunked.report['work']['shards'] > 8
   s = packed.tokenizer.specials
   t = config.data.seq_len
   for split in ('train', 'validation'):
     docs = _documents(_split_rows(packed.data_dir, split), s.sep, s.pad)
-    expected = []
-    for doc in docs:
-      for a, b in packing.document_chunks(doc, t - 2, layout, config.data.split_seed):
-        expected.append(np.concatenate([[s.cls], doc[a:b], [s.sep], [s.pad] * (t - 2 - b + a)]))
+    expected = [np.concatenate([[s.cls], chunk, [s.sep], [s.pad] * (t - 2 - len(chunk))])
+                for doc in docs for chunk in _ettin_rows(doc, t - 2, layout, config.data.split_seed)]
     rows = _split_rows(chunked.data_dir, split)
     np.testing.assert_array_equal(rows, np.asarray(expected))
     stats = chunked.stats[split]

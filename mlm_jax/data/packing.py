@@ -434,24 +434,34 @@ def chunk_rows(lengths: np.ndarray, content: int,
   return full + last, full * content + np.where(last, rest, 0)
 
 
-def document_chunks(ids: np.ndarray, content: int, layout: RowLayout,
-                    seed: int) -> list[tuple[int, int]]:
-  """[start, end) of each row's ids in a document's `ids` (chunk_rows's rows): chunks of
-  `content`; a last chunk under drop_tokens dropped, one under min_tokens (not the first)
-  given the last `share` ids of the chunk before, share uniform in [0, content - its length)
-  by a hash of (seed, the document's ids)."""
-  n = len(ids)
-  bounds = [[start, min(start + content, n)] for start in range(0, n, content)]
-  if len(bounds) > 1:
-    short = bounds[-1][1] - bounds[-1][0]
-    if short < layout.drop_tokens:
-      bounds.pop()
-    elif short < layout.min_tokens:
-      key = zlib.crc32(np.asarray(ids, '<i4').tobytes(), zlib.crc32(str(seed).encode()))
-      share = key % (content - short)
-      bounds[-2][1] -= share
-      bounds[-1][0] -= share
-  return [(a, b) for a, b in bounds]
+def chunk_bounds(lengths: np.ndarray, content: int, layout: RowLayout, seed: int,
+                 ids_of: Callable[[int], np.ndarray]) -> tuple[np.ndarray, np.ndarray,
+                                                               np.ndarray]:
+  """The rows of documents of `lengths` ids (chunk_rows's, in order): (each row's document,
+  start, end) in its document's ids. Chunks of `content`; a last chunk under drop_tokens is
+  gone (chunk_rows), one under min_tokens that is not the first starts backfill_share() ids
+  earlier, the chunk before ending as much earlier. `ids_of(d)`: document d's ids, read only
+  for those backfilled."""
+  lengths = np.asarray(lengths, np.int64)
+  counts = chunk_rows(lengths, content, layout)[0]
+  doc = np.repeat(np.arange(len(lengths)), counts)
+  chunk = np.arange(len(doc)) - np.repeat(np.cumsum(counts) - counts, counts)
+  start = chunk * content
+  end = np.minimum(start + content, lengths[doc])
+  short = (chunk > 0) & (chunk == counts[doc] - 1) & (end - start < layout.min_tokens)
+  for row in np.flatnonzero(short):
+    share = backfill_share(ids_of(int(doc[row])), int(end[row] - start[row]), content, seed)
+    start[row] -= share
+    end[row - 1] -= share
+  return doc, start, end
+
+
+def backfill_share(ids: np.ndarray, short: int, content: int, seed: int) -> int:
+  """How many ids a document's short last chunk (`short` ids) takes from the chunk before:
+  uniform in [0, content - short) as Ettin's np.random.randint, by a hash of the document's
+  `ids` and `seed` (so the rows depend on the config alone)."""
+  key = zlib.crc32(np.asarray(ids, '<i4').tobytes(), zlib.crc32(str(seed).encode()))
+  return key % (content - short)
 
 
 def unit_stream(unit_dir: str, validation: bool, lo: int, hi: int, sep_id: int) -> np.ndarray:
@@ -534,17 +544,20 @@ def _chunked_rows(split: str, r0: int, r1: int, stream: list[tuple[str, int, int
       starts = np.cumsum(lengths) - lengths  # In ids.bin.
       sel = np.flatnonzero(docs['is_val'] == (split_role(split) == 'validation'))
       ends = np.cumsum(chunk_rows(lengths[sel], content, layout)[0])
-      first, last = np.searchsorted(ends, lo, 'right'), np.searchsorted(ends, hi, 'left') + 1
+      # The documents whose rows meet [lo, hi).
+      first = np.searchsorted(ends, lo, 'right')
+      last = min(np.searchsorted(ends, hi, 'left') + 1, len(sel))
+      sel = sel[first:last]
       ids_bin = np.memmap(os.path.join(unit_dir, 'ids.bin'), np.int32, 'r')
-      for d in range(first, min(last, len(sel))):
-        doc = sel[d]
-        ids = np.asarray(ids_bin[starts[doc]:starts[doc] + lengths[doc]])
-        begin = int(ends[d - 1]) if d else 0
-        for j, (a, b) in enumerate(document_chunks(ids, content, layout, seed)):
-          if lo <= begin + j < hi:
-            row = rows[offset + begin + j - r0]
-            row[1:1 + b - a] = ids[a:b]
-            row[1 + b - a] = specials.sep
+      doc, a, b = chunk_bounds(
+          lengths[sel], content, layout, seed,
+          lambda d: ids_bin[starts[sel[d]]:starts[sel[d]] + lengths[sel[d]]])
+      row = (ends[first - 1] if first else 0) + np.arange(len(doc))  # In the unit's split.
+      keep = (row >= lo) & (row < hi)
+      out, size, where = offset + row[keep] - r0, (b - a)[keep], starts[sel[doc[keep]]] + a[keep]
+      within = np.arange(size.sum()) - np.repeat(np.cumsum(size) - size, size)
+      rows[np.repeat(out, size), 1 + within] = ids_bin[np.repeat(where, size) + within]
+      rows[out, 1 + size] = specials.sep
     offset += n
   return rows
 
