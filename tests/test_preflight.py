@@ -496,3 +496,43 @@ def test_a_micro_batched_step_plans_its_fused_calls_once_per_micro_batch():
       hlo={'splash_attention_calls': 24}, xla_cost={})
   assert check.attention_report(figures)['fused_calls'] == {
       'splash': {'expected': 24, 'compiled': 24}}
+
+
+def test_a_loop_whose_count_the_data_sets_runs_as_often_as_told():
+  """A batch warm-up's accumulation is a loop to a count the step's data gives: the HLO counts
+  cannot read it, and take it as `unknown_trips` (the pre-flight: the full batch's k);
+  scan-like loops keep their own count."""
+  import jax
+  import jax.numpy as jnp
+
+  from mlm_jax.perf import hlo_cost
+  w = jnp.ones((64, 64))
+  step = lambda i, y: jnp.tanh(y @ w)
+  data = jax.jit(lambda x, n: jax.lax.fori_loop(0, n, step, x)).lower(
+      jnp.ones((8, 64)), 3).compile().as_text()
+  fixed = jax.jit(lambda x: jax.lax.fori_loop(0, 5, step, x)).lower(
+      jnp.ones((8, 64))).compile().as_text()
+  one = 2 * 8 * 64 * 64
+  assert hlo_cost.summary(data)['matmul_flops'] == one
+  assert hlo_cost.summary(data, unknown_trips=4)['matmul_flops'] == 4 * one
+  assert hlo_cost.summary(fixed)['matmul_flops'] == hlo_cost.summary(
+      fixed, unknown_trips=4)['matmul_flops'] == 5 * one
+
+
+def test_a_loops_matmuls_and_collectives_count_once_per_iteration():
+  """Each iteration of a loop over a sharded row: one matmul, one all-reduce (the body's,
+  not the loop instruction's too)."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec
+
+  from mlm_jax.perf import hlo_cost
+  mesh = jax.make_mesh((8,), ('rows',))
+  x = jax.device_put(jnp.ones((8, 64)), NamedSharding(mesh, PartitionSpec('rows')))
+  w = jnp.ones((64, 64))
+  step = lambda i, y: jnp.tanh(y @ w) + jnp.sum(y)
+  summary = hlo_cost.summary(
+      jax.jit(lambda x: jax.lax.fori_loop(0, 5, step, x)).lower(x).compile().as_text())
+  assert summary['collectives']['all-reduce']['count'] == 5
+  assert summary['matmul_flops'] == 5 * 2 * 64 * 64   # A row per device.

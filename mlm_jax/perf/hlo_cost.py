@@ -155,10 +155,16 @@ def _logical_lines(text: str) -> list[str]:
   return out
 
 
+# Instructions whose called computations executed() walks, each instruction in them listed.
+_CONTROL_FLOW = ('while', 'conditional', 'call', 'async-start')
+
+
 @dataclasses.dataclass
 class Module:
   computations: dict[str, list[Instruction]]
   entry: str
+  # Iterations counted for a while loop whose count the program leaves to its data (trip_count).
+  unknown_trips: int = 1
 
   @classmethod
   def parse(cls, text: str) -> 'Module':
@@ -193,7 +199,7 @@ class Module:
     def walk(name: str, times: int, depth: int) -> None:
       for ins in self.computations.get(name, []):
         out.append((ins, times))
-        if depth < 8 and ins.opcode in ('while', 'conditional', 'call', 'async-start'):
+        if depth < 8 and ins.opcode in _CONTROL_FLOW:
           for called in ins.called:
             if ins.opcode == 'while' and called == self._condition(ins):
               continue
@@ -207,7 +213,9 @@ class Module:
     """Iterations of a while loop: XLA's known_trip_count, else `i < constant` in its condition.
 
     The second form is what jax.lax.scan and fori_loop compile to (a counter
-    from 0); a condition of another shape counts as one iteration.
+    from 0); a loop of another shape (a count that the data sets, as a batch
+    warm-up's accumulation over the micro-batches a step fills) counts as
+    `unknown_trips` iterations.
     """
     m = re.search(r'"known_trip_count":\{"n":"(\d+)"', loop.attributes)
     if m:
@@ -219,7 +227,7 @@ class Module:
         bound = literals.get(x.operands[1], '')
         if re.fullmatch(r'\d+', bound):
           return int(bound)
-    return 1
+    return self.unknown_trips
 
   @staticmethod
   def _condition(ins: Instruction) -> str | None:
@@ -311,6 +319,8 @@ def matmul_flops(module: Module) -> float:
     if ins.opcode == 'custom-call' and _FLASH_KERNEL.search(ins.attributes):
       total += times * _flash_attention_flops(ins, shapes)
       continue
+    if ins.opcode in _CONTROL_FLOW:  # Its computations are listed by executed() themselves.
+      continue
     for x in [ins] + module.inner(ins):
       if x.opcode == 'dot':
         total += times * _dot_flops(x, shapes_by_computation[owner[id(x)]])
@@ -338,6 +348,8 @@ def collectives(module: Module) -> list[Collective]:
   shapes = {name: {x.name: x.shape for x in body} for name, body in module.computations.items()}
   owner = {id(x): name for name, body in module.computations.items() for x in body}
   for top, times in module.executed():
+    if top.opcode in _CONTROL_FLOW:
+      continue  # Its computations are listed by executed() themselves.
     for ins in [top] + module.inner(top):
       kind = ins.opcode.removesuffix('-start')
       if kind not in COLLECTIVES:
@@ -427,9 +439,11 @@ def largest_instructions(module: Module, n: int = 10) -> list[dict]:
           for c, ins in rows[:n]]
 
 
-def summary(text: str) -> dict:
-  """Everything above for one compiled program, as plain data (JSON-able)."""
+def summary(text: str, unknown_trips: int = 1) -> dict:
+  """Everything above for one compiled program, as plain data (JSON-able); a loop of unknown
+  count runs `unknown_trips` times (Module.trip_count)."""
   module = Module.parse(text)
+  module.unknown_trips = unknown_trips
   coll = collectives(module)
   by_kind: dict[str, dict[str, int]] = {}
   for c in coll:

@@ -203,7 +203,10 @@ class Preflight:
       figures.compile_error = str(e).splitlines()[0][:300]
     else:
       text = compiled.as_text()
-      figures.hlo = hlo_cost.summary(text)
+      # A batch warm-up's step accumulates as many micro-batches as it fills, a loop whose
+      # count is the data's: counted here at the full batch.
+      growing = step == 'train' and config.train.get('batch_warmup_tokens', 0) > 0
+      figures.hlo = hlo_cost.summary(text, config.train.grad_accum_steps if growing else 1)
       figures.xla_cost = _xla_cost(compiled)
       if 'flops' in figures.xla_cost:
         figures.flops, figures.flops_source = figures.xla_cost['flops'], "XLA's cost analysis"
