@@ -146,9 +146,12 @@ def test_auto_picks_per_platform_and_says_why_it_hands_a_call_on():
   assert kernel == 'blocked' and 'DropToken' in why
   kernel, why = _choose(tpu, rows=True, q_len=154)
   assert kernel == 'dense' and 'masked slots' in why
-  # Rows of any length: splash pads them to whole tiles (Ettin's 7,999 tokens).
+  # Long rows of any length: splash pads them to whole tiles (Ettin's 7,999 tokens); shorter
+  # ones would pay too much padding.
   assert _choose(tpu, q_len=7999, kv_len=7999) == ('splash', '')
   assert _choose(tpu, local=True, q_len=7999, kv_len=7999, documents=True) == ('splash', '')
+  kernel, why = _choose(tpu, local=True, q_len=1000, kv_len=1000)
+  assert kernel == 'blocked' and 'do not divide into splash blocks of 128' in why
   assert _choose(cpu, local=True) == ('blocked', '')
   # On CPUs global layers run ours over a dense mask on short rows, in query chunks on long ones.
   kernel, why = _choose(cpu, q_len=128, kv_len=128)

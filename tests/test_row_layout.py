@@ -110,10 +110,10 @@ def test_prepared_chunks_are_the_packed_documents_chunked(prepared, corpus_glob,
                                                          monkeypatch):
   """The same corpus, tokenizer and split prepared both ways: every document of the packed rows
   comes back as Ettin's chunks of it, one a row ([CLS] chunk [SEP], then [PAD]), in document
-  order, over units of 20 kB and shards of 7 rows; the stats and unigram counts count the
+  order, over units of 20 kB and shards of 40 rows; the stats and unigram counts count the
   rows' ids; masking never selects padding."""
   monkeypatch.setattr(corpus, 'UNIT_BYTES', 20_000)
-  monkeypatch.setattr(prepare, 'SHARD_BYTES', 4 * 32 * 7)
+  monkeypatch.setattr(prepare, 'SHARD_BYTES', 4 * 32 * 40)
   config, packed = prepared
   chunked_config = micro_config(corpus_glob, str(tmp_path / 'chunks'))
   chunked_config.tokenizer.model_file = os.path.join(packed.data_dir, 'tokenizer.model')
@@ -121,9 +121,9 @@ def test_prepared_chunks_are_the_packed_documents_chunked(prepared, corpus_glob,
   chunked_config.data.row_layout = layout.kind
   chunked_config.data.chunk_min_tokens = layout.min_tokens
   chunked_config.data.chunk_drop_tokens = layout.drop_tokens
-  chunked_config.data.num_workers = 2
+  chunked_config.data.num_workers = 1
   chunked = prepare.prepare(*fields.data_request(chunked_config))
-  assert chunked.report['work']['units'] > 4 and chunked.report['work']['shards'] > 8
+  assert chunked.report['work']['units'] > 4 and chunked.report['work']['shards'] > 20
   s = packed.tokenizer.specials
   t = config.data.seq_len
   for split in ('train', 'validation'):

@@ -39,6 +39,7 @@ from absl import logging
 
 from mlm_jax.errors import require
 from mlm_jax.model.attention.flash import FLASH_MAX_HEAD
+from mlm_jax.model.attention.splash import SPLASH_BLOCK
 
 if TYPE_CHECKING:  # model/config.py imports this module's names.
   from mlm_jax.model.config import ModelConfig
@@ -56,7 +57,9 @@ PLATFORM_ATTENTIONS = {'cudnn': 'gpu', 'splash': 'tpu', 'flash': 'gpu'}
 RENAMED_ATTENTIONS = {'xla': 'dense', 'dot_product': 'jax_xla'}
 
 # 'auto' on TPUs: a global layer without document ids on shorter rows stays
-# with XLA's fused attention (BERT's T=128 and 512).
+# with XLA's fused attention (BERT's T=128 and 512). Rows of this length or
+# more that do not divide into splash's tiles run padded to whole tiles (an
+# eighth more at most); shorter ones go to another kernel.
 SPLASH_FROM = 1024
 # The blocked kernel pays 3 key blocks per query block: below this many
 # blocks per row, the dense mask costs no more.
@@ -159,6 +162,11 @@ def choose(cfg: ModelConfig, *, local: bool, q_len: int, kv_len: int, rows: bool
       return _blocked_or_dense(window, q_len, kv_len, rows, dropout,
                                "DropToken moved the tokens: splash's static window would "
                                'not follow their positions')
+    if (q_len % SPLASH_BLOCK or kv_len % SPLASH_BLOCK) and kv_len < SPLASH_FROM:
+      return _blocked_or_dense(window, q_len, kv_len, rows, dropout,
+                               f'{q_len} tokens do not divide into splash blocks of '
+                               f'{SPLASH_BLOCK}, and rows under {SPLASH_FROM} are not padded '
+                               'to them')
     return 'splash', ''
   if kernel == 'blocked':
     return _blocked_or_dense(window, q_len, kv_len, rows, dropout, '')

@@ -2,8 +2,9 @@
 
 The mask is static: a LocalMask of the window (or a full mask) for every
 row, with documents and padding as segment ids. Rows whose length is not a
-multiple of the tile run padded to one (Ettin's 7,999 tokens as 8,064): the
-added tokens are padding, segment 0, which no real token attends to. Pallas
+multiple of the tile run padded to one (Ettin's 7,999 tokens as 8,064; rows
+of 1,024 tokens or more only, choice.SPLASH_FROM): the added tokens
+are padding, segment 0, which no real token attends to. Pallas
 is imported when the kernel is built, so this module loads on any platform.
 """
 
