@@ -464,12 +464,18 @@ def backfill_share(ids: np.ndarray, short: int, content: int, seed: int) -> int:
   return key % (content - short)
 
 
-def unit_stream(unit_dir: str, validation: bool, lo: int, hi: int, sep_id: int) -> np.ndarray:
-  """[hi - lo] int32: positions [lo, hi) of the unit's `doc [SEP] doc [SEP] ...` for a split."""
+def _split_documents(unit_dir: str, validation: bool) -> tuple[np.ndarray, np.ndarray,
+                                                               np.ndarray]:
+  """A unit's documents: (every document's length, its start in ids.bin, the indices of the
+  split's documents)."""
   docs = np.load(os.path.join(unit_dir, 'docs.npz'))
   lengths = docs['lengths']
-  starts = np.cumsum(lengths) - lengths  # In ids.bin.
-  sel = np.flatnonzero(docs['is_val'] == validation)
+  return lengths, np.cumsum(lengths) - lengths, np.flatnonzero(docs['is_val'] == validation)
+
+
+def unit_stream(unit_dir: str, validation: bool, lo: int, hi: int, sep_id: int) -> np.ndarray:
+  """[hi - lo] int32: positions [lo, hi) of the unit's `doc [SEP] doc [SEP] ...` for a split."""
+  lengths, starts, sel = _split_documents(unit_dir, validation)
   lens = lengths[sel] + 1
   ends = np.cumsum(lens)
   first, last = np.searchsorted(ends, lo, 'right'), np.searchsorted(ends - lens, hi, 'left')
@@ -539,10 +545,7 @@ def _chunked_rows(split: str, r0: int, r1: int, stream: list[tuple[str, int, int
   for unit_dir, n, *_ in stream:
     lo, hi = max(r0, offset) - offset, min(r1, offset + n) - offset
     if lo < hi:
-      docs = np.load(os.path.join(unit_dir, 'docs.npz'))
-      lengths = docs['lengths']
-      starts = np.cumsum(lengths) - lengths  # In ids.bin.
-      sel = np.flatnonzero(docs['is_val'] == (split_role(split) == 'validation'))
+      lengths, starts, sel = _split_documents(unit_dir, split_role(split) == 'validation')
       ends = np.cumsum(chunk_rows(lengths[sel], content, layout)[0])
       # The documents whose rows meet [lo, hi).
       first = np.searchsorted(ends, lo, 'right')

@@ -237,11 +237,11 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, data: ml_collections.Conf
   # workers would have had: spawning would cost more than it saves.
   requested = data.num_workers or cores.usable_cores()
   workers = min(requested, max(1, len(corpus.units)))
+  layout = packing.RowLayout.from_config(data)
   # The workers load the tokenizer from there once stage 1 has put it there.
   init_args = (dataclasses.replace(corpus, units=[], tally=corpus_lib.Tally()),
                _tokenizer_path(out, tok), data.val_fraction, data.split_seed,
-               data.seq_len, workers == 1 and requested > 1 and beam_options is None,
-               packing.RowLayout.from_config(data))
+               data.seq_len, workers == 1 and requested > 1 and beam_options is None, layout)
   if beam_options is None:
     pool = packing.Pool(workers, init_args)
   else:
@@ -251,7 +251,6 @@ def _prepare_into(out: str, corpus: corpus_lib.Corpus, data: ml_collections.Conf
     seconds = {'tokenizer': time.perf_counter() - start}
     units_todo = _tokenize_units(out, corpus, pool, workers)                   # 2.
     seconds['tokenize'] = time.perf_counter() - start - sum(seconds.values())
-    layout = packing.RowLayout.from_config(data)
     tally, streams, stats = _read_units(out, corpus, data.seq_len, layout)
     shard_lengths, shards_todo = _write_rows(out, pool, streams, data.seq_len, layout)  # 3.
     seconds['write'] = time.perf_counter() - start - sum(seconds.values())

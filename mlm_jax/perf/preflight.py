@@ -203,10 +203,10 @@ class Preflight:
       figures.compile_error = str(e).splitlines()[0][:300]
     else:
       text = compiled.as_text()
-      # A batch warm-up's step accumulates as many micro-batches as it fills, a loop whose
-      # count is the data's: counted here at the full batch.
-      growing = step == 'train' and config.train.get('batch_warmup_tokens', 0) > 0
-      figures.hlo = hlo_cost.summary(text, config.train.grad_accum_steps if growing else 1)
+      # A batch warm-up's accumulation loop runs to a count the rows set: counted at the full
+      # batch's micro-batches.
+      figures.hlo = hlo_cost.summary(
+          text, figures.grad_accum_steps if built.growing_batch else 1)
       figures.xla_cost = _xla_cost(compiled)
       if 'flops' in figures.xla_cost:
         figures.flops, figures.flops_source = figures.xla_cost['flops'], "XLA's cost analysis"

@@ -47,6 +47,9 @@ class Built:
   init_state: Callable[[], state_lib.TrainState]  # A fresh state, made in its sharding.
   # params -> a fresh optimizer state for them, in its sharding (a phase's fresh_optimizer).
   fresh_opt_state: Callable[[Any], Any]
+  # A batch warm-up: the train step accumulates only the micro-batches its rows fill, a loop
+  # whose count is the data's (step.make_train_step's growing_batch).
+  growing_batch: bool
 
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
@@ -91,11 +94,12 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
   abstract_state, state_sh, init = state_lib.sharded_state_init(model, tx, init_rng, example,
                                                                 mesh, ema=ema_decay > 0)
   chains = platform_ops.concurrent_chains(config.train, mesh.size, platform)
+  growing_batch = config.train.get('batch_warmup_tokens', 0) > 0
   train_step = jax.jit(
       sharding.traced_on(step_lib.make_train_step(
           schedule, config.train.grad_accum_steps, config.sentence_pair.loss_weight, chains,
           baseline_token, platform, ema_decay,
-          growing_batch=config.train.get('batch_warmup_tokens', 0) > 0), mesh),
+          growing_batch=growing_batch), mesh),
       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl), donate_argnums=0,
       compiler_options=platform_ops.train_compiler_options(platform, chains))
   eval_step = jax.jit(sharding.traced_on(step_lib.make_eval_step(baseline_token, platform), mesh),
@@ -104,4 +108,4 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh,
                                            config.masking.max_predictions + int(pairs))
   fresh_opt_state = jax.jit(tx.init, out_shardings=state_sh.opt_state)
   return Built(model_cfg, abstract_state, train_step, eval_step, dropout_rng, chains, attention,
-               init, fresh_opt_state)
+               init, fresh_opt_state, growing_batch)
