@@ -1,13 +1,21 @@
 """MDS directories (mosaicml-streaming's format) as corpora: data/mds_source.py.
 
-The shards are written by streaming's own MDSWriter (a test dependency only: mlm_jax reads
-them with numpy and zstandard); the tests are skipped where streaming is not installed.
+The shards are written by streaming's own MDSWriter; mlm_jax reads them with numpy and
+zstandard. mosaicml-streaming cannot be a dev dependency: every release requires
+transformers<5, and mlm_jax requires transformers>=5. Where it is not installed, these tests
+download its wheel alone (`pip download --no-deps`, from the index pip is configured with) into
+the session's directory and import its writer from the wheel itself, a zip archive Python
+imports from. Its writer runs with transformers 5 (streaming only imports it, for its
+dataloader); the other modules it imports (brotli, python-snappy, zstd, xxhash, catalogue,
+torch) are in the dev extra. Where the index cannot be reached, the tests are skipped and say
+so.
 """
 
 import importlib.util
 import json
 import os
 import re
+import subprocess
 import sys
 import types
 
@@ -29,13 +37,33 @@ from tests.test_tables import bucket  # noqa: F401  The gs:// fixture (a local d
 DOCS = [re.sub(r'\n\s*\n', '\n', d) for d, _ in zip(corpus.stdlib_docstrings(), range(300))]
 
 
+STREAMING = 'mosaicml-streaming==0.13.0'
+
+
+@pytest.fixture(scope='module', autouse=True)
+def streaming_wheel(tmp_path_factory):
+  """mosaicml-streaming importable: installed, or its wheel downloaded and put on sys.path."""
+  if importlib.util.find_spec('streaming') is not None:
+    yield
+    return
+  directory = tmp_path_factory.mktemp('wheels')
+  done = subprocess.run([sys.executable, '-m', 'pip', 'download', '--no-deps', '--quiet',
+                         '--only-binary=:all:', '--dest', str(directory), STREAMING],
+                        capture_output=True, text=True, timeout=300, check=False)
+  wheels = sorted(directory.glob('*.whl'))
+  if done.returncode or not wheels:
+    why = (done.stderr.strip().splitlines() or ['no wheel'])[-1]
+    pytest.skip(f'{STREAMING} writes these tests\' shards; pip could not download it: {why}')
+  sys.path.insert(0, str(wheels[0]))
+  yield
+  sys.path.remove(str(wheels[0]))
+
+
 def _streaming():
   """streaming's MDSWriter and merge_index, imported without streaming/__init__.py, which
   imports its vision datasets and with them torchvision (absent beside the CPU torch)."""
   if 'streaming' not in sys.modules:
     spec = importlib.util.find_spec('streaming')
-    if spec is None:
-      pytest.skip('mosaicml-streaming is not installed (it writes the MDS shards of these tests)')
     shell = types.ModuleType('streaming')
     shell.__spec__ = spec
     shell.__path__ = list(spec.submodule_search_locations)
