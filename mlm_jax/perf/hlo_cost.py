@@ -167,7 +167,7 @@ class Module:
   unknown_trips: int = 1
 
   @classmethod
-  def parse(cls, text: str) -> 'Module':
+  def parse(cls, text: str, unknown_trips: int = 1) -> 'Module':
     computations: dict[str, list[Instruction]] = {}
     entry, current = '', None
     for line in _logical_lines(text):
@@ -185,7 +185,7 @@ class Module:
         instruction = _split_instruction(line)
         if instruction is not None:
           computations[current].append(instruction)
-    return cls(computations, entry)
+    return cls(computations, entry, unknown_trips)
 
   def executed(self) -> list[tuple[Instruction, int]]:
     """Top-level instructions in execution order with how often each runs.
@@ -442,8 +442,7 @@ def largest_instructions(module: Module, n: int = 10) -> list[dict]:
 def summary(text: str, unknown_trips: int = 1) -> dict:
   """Everything above for one compiled program, as plain data (JSON-able); a loop of unknown
   count runs `unknown_trips` times (Module.trip_count)."""
-  module = Module.parse(text)
-  module.unknown_trips = unknown_trips
+  module = Module.parse(text, unknown_trips)
   coll = collectives(module)
   by_kind: dict[str, dict[str, int]] = {}
   for c in coll:
